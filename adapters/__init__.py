@@ -1,0 +1,1 @@
+"""Adapters: one module per target the conformance suite can drive (``--adapter NAME``)."""

@@ -1,0 +1,1 @@
+"""Deliberately broken variants of the reference; the suite must reject each on its ID."""

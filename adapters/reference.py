@@ -1,0 +1,244 @@
+"""Adapter ``reference``: the trio reference router and scripted in-process workers."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import attrs
+import trio
+
+from routespec.discovery import Instance, MemoryDiscovery
+from routespec.errors import RoutingError, bound_message, error_chain, parse_type_label, type_label
+from routespec.errors import match_error_chain as reference_match_error_chain
+from routespec.in_process import InProcessDispatch
+from routespec.portal import TrioPortal
+from routespec.push_router import PushRouter, RouterStream
+from routespec.scripted import PREPARED_FOR, ScriptedWorker, build_error
+from routespec.selection import RouterMode
+from routespec.streaming import Request
+from routespec.target import (
+    Call,
+    Capability,
+    Delivery,
+    Direct,
+    DirectWithin,
+    ErrorSpec,
+    Generate,
+    ObservedError,
+    Outcome,
+    Target,
+    TargetConfig,
+    WorkerScript,
+    WorkerSetsView,
+)
+
+ENDPOINT = "routespec/conformance/generate"
+
+
+def observe(error: BaseException, *, pre_stream: bool) -> ObservedError:
+    """The spec-vocabulary view of a reference error chain."""
+    links = tuple(
+        (None, str(link))
+        if not isinstance(link, RoutingError)
+        else (None if link.error_type is None else type_label(link.error_type), link.message)
+        for link in error_chain(error)
+    )
+    return ObservedError(links, pre_stream)
+
+
+def stamp_prepared_target(request: Request, worker_id: int) -> Request:
+    return attrs.evolve(request, annotations={**request.annotations, PREPARED_FOR: str(worker_id)})
+
+
+def chain_from_labels(labels: Sequence[str | None]) -> RoutingError:
+    cause: RoutingError | None = None
+    for label in reversed(labels):
+        error_type = None if label is None else parse_type_label(label)
+        cause = RoutingError(error_type, "link", cause=cause)
+    assert cause is not None, "a chain has at least one link"
+    return cause
+
+
+class ReferenceTarget:
+    """The reference PushRouter over in-process scripted workers, inside a ``TrioPortal``."""
+
+    def __init__(self, portal: TrioPortal, config: TargetConfig, router_class: type[PushRouter]):
+        self._portal = portal
+        self._discovery = MemoryDiscovery()
+        self._transport = InProcessDispatch()
+        self._workers: dict[int, ScriptedWorker] = {}
+        self._log: list[Delivery] = []
+        self._outcomes: dict[str, Outcome] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._ids = itertools.count(1)
+        self._request_numbers = itertools.count(1)
+
+        async def build() -> PushRouter:
+            return router_class.create(
+                ENDPOINT,
+                self._discovery,
+                self._transport,
+                inhibited_duration=config.inhibited_duration,
+                fault_detection=config.fault_detection,
+                rng=random.Random(config.seed),
+                device_ratio=config.device_ratio,
+            )
+
+        self._router = portal.call(build)
+
+    # cluster control
+
+    def add_worker(self, *, device: str = "cuda") -> int:
+        worker_id = next(self._ids)
+        address = f"inproc://worker-{worker_id}"
+        worker = ScriptedWorker(worker_id, self._log)
+        self._workers[worker_id] = worker
+
+        def register() -> None:
+            self._discovery.register(Instance(worker_id, ENDPOINT, address, device))
+            self._transport.serve(address, worker)
+
+        self._sync(register)
+        return worker_id
+
+    def remove_worker(self, worker_id: int) -> None:
+        self._sync(lambda: self._discovery.deregister(worker_id))
+
+    def kill_worker(self, worker_id: int) -> None:
+        self._sync(lambda: self._transport.kill(f"inproc://worker-{worker_id}"))
+
+    def vanish_worker(self, worker_id: int) -> None:
+        self._sync(lambda: self._discovery.withdraw(worker_id))
+
+    def script_worker(self, worker_id: int, script: WorkerScript) -> None:
+        def assign() -> None:
+            self._workers[worker_id].script = script
+
+        self._sync(assign)
+
+    def release_stalled(self, worker_id: int) -> None:
+        self._sync(self._workers[worker_id].release_stalled)
+
+    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
+        self._sync(lambda: self._router.worker_sets.set_monitor_overloaded(worker_id, overloaded))
+
+    def report_down(self, worker_id: int) -> None:
+        self._sync(lambda: self._router.worker_sets.report_instance_down(worker_id))
+
+    def advance_time(self, seconds: float) -> None:
+        self._portal.advance(seconds)
+
+    # router operations
+
+    def submit(self, call: Call) -> str:
+        request_id = f"req-{next(self._request_numbers)}"
+        request = Request(request_id, {"call": repr(call)})
+        self._portal.start_soon(lambda: self._run(request, call))
+        return request_id
+
+    def outcome(self, request_id: str) -> Outcome | None:
+        return self._outcomes.get(request_id)
+
+    def drop(self, request_id: str) -> None:
+        self._sync(self._scopes[request_id].cancel)
+
+    async def _run(self, request: Request, call: Call) -> None:
+        try:
+            stream = await self._open_stream(request, call)
+        except RoutingError as error:
+            self._outcomes[request.request_id] = Outcome((), observe(error, pre_stream=True))
+            return
+        items: list[object] = []
+        error: ObservedError | None = None
+        with trio.CancelScope() as scope:
+            self._scopes[request.request_id] = scope
+            async for item in stream:
+                if item.error is not None:
+                    error = observe(item.error, pre_stream=False)
+                    break  # a caller stops reading at the first error item
+                items.append(item.data)
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+        del self._scopes[request.request_id]
+        self._outcomes[request.request_id] = Outcome(tuple(items), error, scope.cancel_called)
+
+    async def _open_stream(self, request: Request, call: Call) -> RouterStream:
+        router, prepare = self._router, stamp_prepared_target
+        if isinstance(call, Generate):
+            return await router.generate(request, RouterMode(call.mode), prepare)
+        if isinstance(call, Direct):
+            return await router.direct(request, call.worker_id, prepare)
+        if isinstance(call, DirectWithin):
+            return await router.direct_within(request, call.worker_id, call.allowed, prepare)
+        permit = router.occupancy.book(call.worker_id)
+        return await router.dispatch_preselected(request, call.worker_id, permit, prepare)
+
+    # observations
+
+    def dispatch_log(self) -> Sequence[Delivery]:
+        return tuple(self._log)
+
+    def worker_sets(self) -> WorkerSetsView:
+        async def read() -> WorkerSetsView:
+            sets = self._router.worker_sets
+            return WorkerSetsView(
+                frozenset(sets.discovered_ids()),
+                frozenset(sets.routable_ids()),
+                frozenset(sets.overloaded_ids()),
+                frozenset(sets.free_ids()),
+            )
+
+        return self._portal.call(read)
+
+    def occupancy(self) -> Mapping[int, int]:
+        return self._router.occupancy.snapshot()
+
+    # the error model
+
+    def match_error_chain(
+        self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
+    ) -> bool:
+        return reference_match_error_chain(
+            chain_from_labels(chain),
+            [parse_type_label(label) for label in include],
+            [parse_type_label(label) for label in exclude],
+        )
+
+    def classify(self, error: ErrorSpec) -> tuple[str, str]:
+        built = build_error(error)
+        return built.error_class.value, built.reason
+
+    def bounded_message(self, message: str) -> str:
+        return bound_message(message)
+
+    def _sync(self, fn: Callable[[], object]) -> None:
+        """Run a state change inside the trio run, then let every task settle."""
+
+        async def run() -> None:
+            fn()
+
+        self._portal.call(run)
+
+
+@attrs.frozen
+class ReferenceAdapter:
+    """Opens ``ReferenceTarget``s; mutants pass a broken ``router_class``."""
+
+    name: str = "reference"
+    router_class: type[PushRouter] = PushRouter
+    capabilities: frozenset[Capability] = frozenset(Capability)
+    expected_failures: Mapping[str, str] = attrs.field(factory=dict)
+
+    @contextmanager
+    def open(self, config: TargetConfig) -> Iterator[Target]:
+        portal = TrioPortal()
+        try:
+            yield ReferenceTarget(portal, config, self.router_class)
+        finally:
+            portal.close()
+
+
+ADAPTER = ReferenceAdapter()

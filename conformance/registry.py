@@ -1,0 +1,157 @@
+"""The requirement registry, derived from the spec's Markdown (the single source of truth),
+and the static maps from requirement IDs to checks and to reference code."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_DIR = ROOT / "spec"
+CONFORMANCE_DIR = ROOT / "conformance"
+REFERENCE_DIR = ROOT / "reference" / "routespec"
+
+ID_PATTERN = r"[A-Z]{2,4}-\d{3}"
+_HEADING = re.compile(rf"^### (?P<id>{ID_PATTERN}) · (?P<title>.+?) \{{ #(?P<anchor>\S+) \}}$")
+_LEVEL = re.compile(r"^\*\*(?P<level>MUST|SHOULD)\*\* · (?P<status>stable|provisional|retired)$")
+_RATIONALE = "*Rationale.*"
+_ID_ANYWHERE = re.compile(rf"\b{ID_PATTERN}\b")
+
+
+class SpecFormatError(ValueError):
+    """A requirement block that does not follow spec/conventions.md."""
+
+
+@attrs.frozen
+class Requirement:
+    id: str
+    title: str
+    level: str
+    status: str
+    statement: str
+    rationale: str
+    page: str  # spec page file name, e.g. "dispatch.md"
+
+    @property
+    def checked(self) -> bool:
+        return self.status != "retired"
+
+
+def load_requirements(spec_dir: Path = SPEC_DIR) -> dict[str, Requirement]:
+    """Every requirement block of every spec page, by ID; malformed blocks raise."""
+    found: dict[str, Requirement] = {}
+    for page in sorted(spec_dir.glob("*.md")):
+        for requirement in _parse_page(page):
+            if requirement.id in found:
+                raise SpecFormatError(
+                    f"{page.name}: {requirement.id} is already defined in "
+                    f"{found[requirement.id].page}"
+                )
+            found[requirement.id] = requirement
+    return found
+
+
+def _parse_page(page: Path) -> Iterator[Requirement]:
+    lines = page.read_text(encoding="utf-8").splitlines()
+    in_fence = False
+    for number, line in enumerate(lines):
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if in_fence or not line.startswith("### "):
+            continue
+        heading = _HEADING.match(line)
+        if heading is None:
+            if _ID_ANYWHERE.match(line[4:]):
+                raise SpecFormatError(f"{page.name}:{number + 1}: malformed requirement heading")
+            continue
+        if heading["anchor"] != heading["id"]:
+            raise SpecFormatError(f"{page.name}:{number + 1}: anchor must be #{heading['id']}")
+        paragraphs = _paragraphs(lines[number + 1 :])
+        if len(paragraphs) < 3:
+            raise SpecFormatError(f"{page.name}: {heading['id']} needs level, sentence, rationale")
+        level = _LEVEL.match(paragraphs[0])
+        if level is None:
+            raise SpecFormatError(
+                f"{page.name}: {heading['id']} level line must be '**MUST|SHOULD** · status'"
+            )
+        statement, rationale = paragraphs[1], paragraphs[2]
+        if not rationale.startswith(_RATIONALE):
+            raise SpecFormatError(f"{page.name}: {heading['id']} rationale must start {_RATIONALE}")
+        yield Requirement(
+            heading["id"],
+            heading["title"],
+            level["level"],
+            level["status"],
+            statement,
+            rationale.removeprefix(_RATIONALE).strip(),
+            page.name,
+        )
+
+
+def _paragraphs(lines: list[str]) -> list[str]:
+    """The paragraphs up to the next heading, each joined into one line."""
+    paragraphs: list[str] = []
+    current: list[str] = []
+    for line in lines:
+        if line.startswith("#"):
+            break
+        if line.strip():
+            current.append(line.strip())
+        elif current:
+            paragraphs.append(" ".join(current))
+            current = []
+    if current:
+        paragraphs.append(" ".join(current))
+    return paragraphs
+
+
+@attrs.frozen
+class CheckCitation:
+    """A check (test function) and the requirement IDs it cites with ``@covers``."""
+
+    check: str  # "conformance/test_x.py::test_name"
+    ids: tuple[str, ...]
+
+
+def scan_checks(conformance_dir: Path = CONFORMANCE_DIR) -> list[CheckCitation]:
+    """Read ``@covers("ID", ...)`` decorators statically, so docs need not run pytest."""
+    citations: list[CheckCitation] = []
+    for module in sorted(conformance_dir.glob("test_*.py")):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            ids = tuple(i for decorator in node.decorator_list for i in _covered_ids(decorator))
+            if ids:
+                name = f"{module.relative_to(ROOT).as_posix()}::{node.name}"
+                citations.append(CheckCitation(name, ids))
+    return citations
+
+
+def _covered_ids(decorator: ast.expr) -> list[str]:
+    if not (
+        isinstance(decorator, ast.Call)
+        and isinstance(decorator.func, ast.Name)
+        and decorator.func.id == "covers"
+    ):
+        return []
+    ids = []
+    for arg in decorator.args:
+        if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+            raise SpecFormatError(f"@covers takes string literals only, got {ast.unparse(arg)}")
+        ids.append(arg.value)
+    return ids
+
+
+def scan_implementations(reference_dir: Path = REFERENCE_DIR) -> Mapping[str, list[str]]:
+    """Where the reference code names each requirement ID: ``{id: ["path:line", ...]}``."""
+    places: dict[str, list[str]] = {}
+    for source in sorted(reference_dir.rglob("*.py")):
+        for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+            for found in _ID_ANYWHERE.findall(line):
+                places.setdefault(found, []).append(f"{source.relative_to(ROOT).as_posix()}:{number}")
+    return places

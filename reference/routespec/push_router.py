@@ -1,0 +1,233 @@
+"""PushRouter: selection, exact and constrained dispatch, in the spec's order (spec: DSP, SEL)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import attrs
+
+from routespec.discovery import Discovery, Instance
+from routespec.errors import ErrorKind, RoutingError
+from routespec.fault_detection import FaultDetector
+from routespec.occupancy import OccupancyTracker, Permit
+from routespec.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
+from routespec.streaming import Annotated, ItemStream, Request, StreamingDispatch
+from routespec.worker_sets import DEFAULT_INHIBITED_DURATION, WorkerSets
+
+Prepare = Callable[[Request, int], Request]
+"""Called with the finally resolved worker id, after the overload check, before sending."""
+
+
+@attrs.frozen
+class TransportFallback:
+    """What resolution may do when the target has no transport record.
+
+    ``enabled=False`` is Dynamo's ``Deny``; ``permitted=None`` is ``Allow``; a set is ``Within``.
+    """
+
+    enabled: bool
+    permitted: frozenset[int] | None = None
+
+    def permits(self, instance_id: int) -> bool:
+        return self.permitted is None or instance_id in self.permitted
+
+
+ALLOW = TransportFallback(enabled=True)
+DENY = TransportFallback(enabled=False)
+
+
+@attrs.define
+class PushRouter:
+    """Routes requests for one endpoint to its workers through a ``StreamingDispatch``."""
+
+    endpoint: str
+    discovery: Discovery
+    transport: StreamingDispatch
+    worker_sets: WorkerSets
+    selector: Selector
+    fault_detection: bool = True
+
+    @classmethod
+    def create(
+        cls,
+        endpoint: str,
+        discovery: Discovery,
+        transport: StreamingDispatch,
+        *,
+        inhibited_duration: float = DEFAULT_INHIBITED_DURATION,
+        fault_detection: bool = True,
+        rng: random.Random | None = None,
+        device_ratio: int = DEFAULT_DEVICE_RATIO,
+    ) -> PushRouter:
+        selector = Selector(
+            OccupancyTracker(), rng or random.Random(), discovery.device_type, device_ratio
+        )
+        worker_sets = WorkerSets(discovery, inhibited_duration)
+        return cls(endpoint, discovery, transport, worker_sets, selector, fault_detection)
+
+    @property
+    def occupancy(self) -> OccupancyTracker:
+        return self.selector.occupancy
+
+    async def generate(
+        self,
+        request: Request,
+        mode: RouterMode = RouterMode.ROUND_ROBIN,
+        prepare: Prepare | None = None,
+    ) -> RouterStream:
+        """Select from the free set by ``mode`` and dispatch with ordinary fallback."""
+        if mode in (RouterMode.KV, RouterMode.DIRECT):
+            raise RoutingError(
+                ErrorKind.INVALID_ARGUMENT,
+                f"router mode {mode.value} is not served by a bare PushRouter; "
+                "use the routing host (SEL-002)",
+            )
+        free = self.worker_sets.free_ids()
+        if not free:
+            if self.worker_sets.routable_ids():
+                raise RoutingError(
+                    ErrorKind.RESOURCE_EXHAUSTED, "All workers are busy, please retry later"
+                )  # SEL-004
+            raise RoutingError(
+                ErrorKind.UNAVAILABLE, f"No workers available for endpoint {self.endpoint}"
+            )  # SEL-005
+        chosen, permit = self.selector.select(mode, free)
+        return await self._dispatch(request, chosen, ALLOW, permit, prepare)
+
+    async def direct(
+        self, request: Request, instance_id: int, prepare: Prepare | None = None
+    ) -> RouterStream:
+        """Exact dispatch: that worker or a typed failure, never another worker (DSP-001)."""
+        return await self._dispatch(request, instance_id, DENY, None, prepare)
+
+    async def direct_within(
+        self,
+        request: Request,
+        instance_id: int,
+        allowed: frozenset[int] | None,
+        prepare: Prepare | None = None,
+    ) -> RouterStream:
+        """Dispatch to a target, falling back anywhere (``None``) or only inside ``allowed``."""
+        fallback = ALLOW if allowed is None else TransportFallback(True, frozenset(allowed))
+        return await self._dispatch(request, instance_id, fallback, None, prepare)
+
+    async def dispatch_preselected(
+        self,
+        request: Request,
+        instance_id: int,
+        permit: Permit | None = None,
+        prepare: Prepare | None = None,
+    ) -> RouterStream:
+        """Dispatch to a worker the caller already selected (and possibly booked).
+
+        The target must still be discovered; local inhibition does not block it (DSP-009).
+        """
+        return await self._dispatch(request, instance_id, DENY, permit, prepare)
+
+    async def _dispatch(
+        self,
+        request: Request,
+        target: int,
+        fallback: TransportFallback,
+        permit: Permit | None,
+        prepare: Prepare | None,
+    ) -> RouterStream:
+        try:
+            instance = self._resolve_and_check(target, fallback, permit)
+            prepared = request if prepare is None else prepare(request, instance.instance_id)
+            try:
+                stream = await self.transport.generate(instance, prepared)
+            except RoutingError as error:
+                self._observe_fault(instance.instance_id, error)
+                raise
+        except BaseException:
+            if permit is not None:
+                permit.release()  # DSP-011: released before the failure is visible
+            raise
+        return RouterStream(stream, instance.instance_id, permit, self._observe_fault)
+
+    def _resolve_and_check(
+        self, target: int, fallback: TransportFallback, permit: Permit | None
+    ) -> Instance:
+        """Resolve transport first, then check overload on the resolved worker (DSP-003, DSP-004)."""
+        instance = self._resolve_transport(target, fallback)
+        if permit is not None and instance.instance_id != permit.instance_id:
+            permit.retarget(instance.instance_id)  # DSP-012
+        self._check_overload(instance.instance_id)
+        return instance
+
+    def _resolve_transport(self, target: int, fallback: TransportFallback) -> Instance:
+        instance = self.discovery.lookup(target)
+        if instance is not None:
+            return instance
+        if not fallback.enabled:
+            raise RoutingError(
+                ErrorKind.CANNOT_CONNECT,
+                f"instance_id={target} not found for endpoint {self.endpoint}",
+            )  # DSP-002
+        candidate = next(
+            (i for i in self.worker_sets.free_ids() if i != target and fallback.permits(i)), None
+        )  # DSP-005, DSP-006
+        if candidate is None:
+            # Deliberately untyped: an empty candidate list can mean pool-wide overload,
+            # policy exclusion or no worker at all (DSP-008).
+            raise RoutingError(
+                None,
+                f"Instance {target} not found and no other instances available "
+                f"for endpoint {self.endpoint}",
+            )
+        instance = self.discovery.lookup(candidate)
+        if instance is None:
+            raise RoutingError(
+                ErrorKind.CANNOT_CONNECT,
+                f"Fallback instance_id={candidate} for instance_id={target} also not found",
+            )  # DSP-007
+        return instance
+
+    def _check_overload(self, instance_id: int) -> None:
+        if self.fault_detection and self.worker_sets.is_overloaded(instance_id):
+            raise RoutingError(
+                ErrorKind.WORKER_OVERLOADED,
+                f"Selected worker instance_id={instance_id} is overloaded, please retry later",
+            )  # DSP-004
+
+    def _observe_fault(self, instance_id: int, error: RoutingError) -> None:
+        if self.fault_detection:
+            FaultDetector(self.worker_sets).observe(instance_id, error)
+
+
+@attrs.define
+class RouterStream:
+    """The caller's view of a response stream.
+
+    The occupancy permit is released exactly once: at end of stream, at the first error
+    item before it is returned, or when the caller closes the stream (DSP-011).
+    """
+
+    _inner: ItemStream
+    instance_id: int
+    _permit: Permit | None
+    _on_fault: Callable[[int, RoutingError], None]
+
+    def __aiter__(self) -> RouterStream:
+        return self
+
+    async def __anext__(self) -> Annotated:
+        try:
+            item = await self._inner.__anext__()
+        except BaseException:
+            self._release()
+            raise
+        if item.error is not None:
+            self._release()
+            self._on_fault(self.instance_id, item.error)
+        return item
+
+    async def aclose(self) -> None:
+        self._release()
+        await self._inner.aclose()
+
+    def _release(self) -> None:
+        if self._permit is not None:
+            self._permit.release()

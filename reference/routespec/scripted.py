@@ -1,0 +1,70 @@
+"""A worker whose answers follow a ``WorkerScript``: for tests, demos and misbehaviour drills."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import attrs
+import trio
+
+from routespec.errors import RoutingError, parse_type_label
+from routespec.streaming import Request
+from routespec.target import (
+    Delivery,
+    ErrorSpec,
+    FailBeforeStream,
+    FailMidStream,
+    Serve,
+    Stall,
+    WorkerScript,
+)
+
+PREPARED_FOR = "prepared-for"
+"""Request annotation naming the worker the router prepared the request for."""
+
+
+def build_error(spec: ErrorSpec) -> RoutingError:
+    """The ``RoutingError`` chain an ``ErrorSpec`` describes."""
+    cause = None if spec.cause is None else build_error(spec.cause)
+    error_type = None if spec.type is None else parse_type_label(spec.type)
+    return RoutingError(error_type, spec.message, cause=cause)
+
+
+@attrs.define
+class ScriptedWorker:
+    """Serves requests as its current script says and logs every request it receives."""
+
+    worker_id: int
+    log: list[Delivery]
+    script: WorkerScript = Serve()
+    _release: trio.Event = attrs.field(factory=trio.Event)
+
+    def release_stalled(self) -> None:
+        self._release.set()
+        self._release = trio.Event()
+
+    async def start(self, request: Request) -> AsyncGenerator[object, None]:
+        prepared = request.annotations.get(PREPARED_FOR)
+        self.log.append(
+            Delivery(request.request_id, self.worker_id, None if prepared is None else int(prepared))
+        )
+        script = self.script
+        if isinstance(script, FailBeforeStream):
+            raise build_error(script.error)
+        return self._items(request.request_id, script, self._release)
+
+    async def _items(
+        self, request_id: str, script: Serve | FailMidStream | Stall, release: trio.Event
+    ) -> AsyncGenerator[object, None]:
+        index = 0
+        for index in range(script.items):
+            yield self._item(request_id, index)
+        if isinstance(script, FailMidStream):
+            raise build_error(script.error)
+        if isinstance(script, Stall):
+            await release.wait()
+            for after in range(script.items_after):
+                yield self._item(request_id, script.items + after)
+
+    def _item(self, request_id: str, index: int) -> object:
+        return {"worker": self.worker_id, "request": request_id, "index": index}

@@ -1,0 +1,265 @@
+"""The target protocol: what an adapter implements so the conformance suite can check it.
+
+Everything here is plain data in the spec's vocabulary (error types as labels such as
+``"CannotConnect"`` or ``"Backend(EngineShutdown)"``), so an adapter can drive any runtime,
+in any language, without the suite knowing its internals. The calls are synchronous: an
+adapter owns its event loop (trio, asyncio, a subprocess) and returns once the operation
+has settled.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import attrs
+
+
+class Capability(enum.Enum):
+    """What an adapter lets the suite control or observe. A check needing one it lacks is SKIP."""
+
+    ROUND_ROBIN = "mode:round-robin"
+    RANDOM = "mode:random"
+    POWER_OF_TWO_CHOICES = "mode:power-of-two-choices"
+    LEAST_LOADED = "mode:least-loaded"
+    DEVICE_AWARE_WEIGHTED = "mode:device-aware-weighted"
+    REFUSES_KV_AND_DIRECT = "mode:refuses-kv-and-direct"
+    DIRECT = "call:direct"
+    DIRECT_WITHIN = "call:direct-within"
+    PRESELECTED = "call:preselected"
+    REMOVE_WORKER = "cluster:remove-worker"
+    KILL_WORKER = "cluster:kill-worker"
+    VANISH_WORKER = "cluster:vanish-worker"
+    MARK_OVERLOADED = "cluster:mark-overloaded"
+    REPORT_DOWN = "cluster:report-down"
+    DEVICE_TYPES = "cluster:device-types"
+    SCRIPT_FAILURES = "worker:script-failures"
+    SCRIPT_STALL = "worker:script-stall"
+    MOCK_CLOCK = "time:mock-clock"
+    CONFIGURE_INHIBITION = "config:inhibited-duration"
+    OBSERVE_WORKER_SETS = "observe:worker-sets"
+    OBSERVE_OCCUPANCY = "observe:occupancy"
+    OBSERVE_PREPARED_TARGET = "observe:prepared-target"
+    ERROR_MODEL = "errors:model"
+
+
+@attrs.frozen
+class ErrorSpec:
+    """A typed error to inject or to describe: a type label (None = untyped), a message, a cause."""
+
+    type: str | None
+    message: str = "injected"
+    cause: ErrorSpec | None = None
+
+    def chain(self) -> tuple[ErrorSpec, ...]:
+        links: list[ErrorSpec] = []
+        link: ErrorSpec | None = self
+        while link is not None:
+            links.append(link)
+            link = link.cause
+        return tuple(links)
+
+
+# --- worker scripts: how a worker answers every request until it is scripted again ---
+
+
+@attrs.frozen
+class Serve:
+    """Yield ``items`` data items, then end the stream cleanly."""
+
+    items: int = 1
+
+
+@attrs.frozen
+class FailBeforeStream:
+    """Refuse the request before any response item exists."""
+
+    error: ErrorSpec
+
+
+@attrs.frozen
+class FailMidStream:
+    """Yield ``items`` data items, then one error item."""
+
+    items: int
+    error: ErrorSpec
+
+
+@attrs.frozen
+class Stall:
+    """Yield ``items`` data items, then wait until released, then yield ``items_after`` more."""
+
+    items: int = 0
+    items_after: int = 1
+
+
+WorkerScript = Serve | FailBeforeStream | FailMidStream | Stall
+
+
+def script_items(script: WorkerScript) -> int:
+    """How many data items a request served by this script delivers when it runs to its end."""
+    if isinstance(script, Stall):
+        return script.items + script.items_after
+    if isinstance(script, FailBeforeStream):
+        return 0
+    return script.items
+
+
+# --- router calls ---
+
+
+@attrs.frozen
+class Generate:
+    """``generate()`` with a router mode label such as ``"round-robin"``."""
+
+    mode: str
+
+
+@attrs.frozen
+class Direct:
+    """Exact dispatch to one worker id."""
+
+    worker_id: int
+
+
+@attrs.frozen
+class DirectWithin:
+    """Dispatch to a target with fallback anywhere (``allowed=None``) or only inside ``allowed``."""
+
+    worker_id: int
+    allowed: frozenset[int] | None
+
+
+@attrs.frozen
+class Preselected:
+    """Book the worker (as an occupancy policy would), then dispatch to it as preselected."""
+
+    worker_id: int
+
+
+Call = Generate | Direct | DirectWithin | Preselected
+
+
+# --- observations ---
+
+
+@attrs.frozen
+class ObservedError:
+    """A failure as the caller saw it: its chain of (type label or None, message), outermost first.
+
+    ``pre_stream`` is True when the call itself failed, False for an error item in the stream.
+    """
+
+    links: tuple[tuple[str | None, str], ...]
+    pre_stream: bool
+
+    @property
+    def type(self) -> str | None:
+        return self.links[0][0]
+
+    @property
+    def typed_chain(self) -> tuple[str, ...]:
+        return tuple(label for label, _ in self.links if label is not None)
+
+    def describe(self) -> str:
+        where = "before the stream" if self.pre_stream else "as a stream item"
+        chain = " <- ".join(f"{label or 'untyped'}: {message}" for label, message in self.links)
+        return f"{chain} ({where})"
+
+
+@attrs.frozen
+class Outcome:
+    """How a request ended: its data items, at most one error, and whether the caller dropped it."""
+
+    items: tuple[object, ...]
+    error: ObservedError | None
+    dropped: bool = False
+
+
+@attrs.frozen
+class Delivery:
+    """One request arriving at one worker (the dispatch log)."""
+
+    request_id: str
+    worker_id: int
+    prepared_for: int | None = None
+
+
+@attrs.frozen
+class WorkerSetsView:
+    discovered: frozenset[int]
+    routable: frozenset[int]
+    overloaded: frozenset[int]
+    free: frozenset[int]
+
+
+@attrs.frozen
+class TargetConfig:
+    """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C)."""
+
+    seed: int = 0
+    inhibited_duration: float = 5.0
+    fault_detection: bool = True
+    device_ratio: int = 8
+
+
+class Target(Protocol):
+    """One running system under test: a cluster of workers and one router in front of them."""
+
+    # cluster control
+    def add_worker(self, *, device: str = "cuda") -> int: ...
+    def remove_worker(self, worker_id: int) -> None: ...
+    def kill_worker(self, worker_id: int) -> None: ...
+    def vanish_worker(self, worker_id: int) -> None:
+        """The worker's transport record disappears while the router still lists it."""
+        ...
+
+    def script_worker(self, worker_id: int, script: WorkerScript) -> None: ...
+    def release_stalled(self, worker_id: int) -> None: ...
+    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None: ...
+    def report_down(self, worker_id: int) -> None: ...
+    def advance_time(self, seconds: float) -> None: ...
+
+    # router operations
+    def submit(self, call: Call) -> str:
+        """Start a request and return its id once it has settled (finished, or stalled)."""
+        ...
+
+    def outcome(self, request_id: str) -> Outcome | None:
+        """The request's outcome, or None while its stream is still open."""
+        ...
+
+    def drop(self, request_id: str) -> None:
+        """The caller abandons an open stream."""
+        ...
+
+    # observations
+    def dispatch_log(self) -> Sequence[Delivery]: ...
+    def worker_sets(self) -> WorkerSetsView: ...
+    def occupancy(self) -> Mapping[int, int]: ...
+
+    # the error model as a library (Capability.ERROR_MODEL)
+    def match_error_chain(
+        self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
+    ) -> bool: ...
+    def classify(self, error: ErrorSpec) -> tuple[str, str]:
+        """The normalised (class, reason) of an error built from ``error``."""
+        ...
+
+    def bounded_message(self, message: str) -> str: ...
+
+
+class Adapter(Protocol):
+    """A named way to run targets, with its declared capabilities and expected failures.
+
+    ``expected_failures`` maps a check's name to the evidence that the target diverges from
+    the spec there; such checks are strict XFAIL (an unexpected pass fails the run).
+    """
+
+    name: str
+    capabilities: frozenset[Capability]
+    expected_failures: Mapping[str, str]
+
+    def open(self, config: TargetConfig) -> AbstractContextManager[Target]: ...
