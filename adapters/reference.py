@@ -148,22 +148,22 @@ class ReferenceTarget:
     async def _run(self, request: Request, call: Call) -> None:
         try:
             stream = await self._open_stream(request, call)
-        except RoutingError as error:
-            self._outcomes[request.request_id] = Outcome((), observe(error, pre_stream=True))
+        except RoutingError as failure:
+            self._outcomes[request.request_id] = Outcome((), observe(failure, pre_stream=True))
             return
         items: list[object] = []
-        error: ObservedError | None = None
+        error_item: ObservedError | None = None
         with trio.CancelScope() as scope:
             self._scopes[request.request_id] = scope
             async for item in stream:
                 if item.error is not None:
-                    error = observe(item.error, pre_stream=False)
+                    error_item = observe(item.error, pre_stream=False)
                     break  # a caller stops reading at the first error item
                 items.append(item.data)
         with trio.CancelScope(shield=True):
             await stream.aclose()
         del self._scopes[request.request_id]
-        self._outcomes[request.request_id] = Outcome(tuple(items), error, scope.cancel_called)
+        self._outcomes[request.request_id] = Outcome(tuple(items), error_item, scope.cancel_called)
 
     async def _open_stream(self, request: Request, call: Call) -> RouterStream:
         router, prepare = self._router, stamp_prepared_target

@@ -20,8 +20,28 @@ class RequirementViolation(AssertionError):
         super().__init__(f"{requirement_id}: {detail}")
 
 
+_evidence: set[str] = set()
+
+
+def take_evidence() -> set[str]:
+    """The IDs checked since the last call (the plugin calls this around each check)."""
+    taken = set(_evidence)
+    _evidence.clear()
+    return taken
+
+
+def exercised(*requirement_ids: str) -> None:
+    """Record that the running check observed behaviour governed by these requirements."""
+    _evidence.update(requirement_ids)
+
+
 def require(requirement_id: str, condition: bool, detail: str) -> None:
-    """Fail the enclosing check on ``requirement_id`` unless ``condition`` holds."""
+    """Fail the enclosing check on ``requirement_id`` unless ``condition`` holds.
+
+    Either way the requirement counts as exercised: a check that cites an ID but never
+    evaluates it (its steps needed capabilities the adapter lacks) reports SKIP for that ID.
+    """
+    _evidence.add(requirement_id)
     if not condition:
         raise RequirementViolation(requirement_id, detail)
 

@@ -48,7 +48,7 @@ class WorkerModel:
     listed: bool = True  # discovery lists it
     record: bool = True  # its transport record resolves
     alive: bool = True  # its process serves
-    script: WorkerScript = Serve()
+    script: WorkerScript = attrs.field(factory=Serve)
     monitor_overloaded: bool = False
     inhibited_until: float = -math.inf
     lease_until: float = -math.inf
@@ -95,7 +95,9 @@ class RouterModel:
         return frozenset(i for i, w in self.workers.items() if w.listed)
 
     def routable(self) -> frozenset[int]:
-        return frozenset(i for i in self.discovered() if self.workers[i].inhibited_until <= self.now)
+        return frozenset(
+            i for i in self.discovered() if self.workers[i].inhibited_until <= self.now
+        )
 
     def overloaded(self) -> frozenset[int]:
         return frozenset(
@@ -167,7 +169,7 @@ class RouterModel:
                 return [_Plan.failing("ResourceExhausted", ("SEL-004",))]
             return [_Plan.failing("Unavailable", ("SEL-005",))]
         book = mode in OCCUPANCY_MODES
-        because = ("SEL-001", "SEL-003")
+        because: tuple[str, ...] = ("SEL-001", "SEL-003")
         if mode == "round-robin":
             chosen = free[self.round_robin_selections % len(free)]
             return [_Plan(chosen, True, None, book, (*because, "SEL-006"), counts_rr=True)]
@@ -219,9 +221,7 @@ class RouterModel:
             return Expected(None, resolved, True, 0, False, None, because)
         worker = self.workers[resolved]
         if self.fault_detection and resolved in self.overloaded():
-            return Expected(
-                None, "WorkerOverloaded", True, 0, False, None, (*because, "DSP-004")
-            )
+            return Expected(None, "WorkerOverloaded", True, 0, False, None, (*because, "DSP-004"))
         because = (*because, "DSP-013", "DSP-014", "FLT-007")
         if not worker.alive:
             self.observe_fault(resolved, ("CannotConnect",))
@@ -236,7 +236,7 @@ class RouterModel:
         overload_masked = known is not None and target in self.overloaded()
         if not plan.fallback:
             rule = "DSP-003" if overload_masked else "DSP-002"
-            return "CannotConnect", (*plan.because, rule)
+            return "CannotConnect", (*plan.because, rule, "FLT-008")
         candidates = [
             i
             for i in sorted(self.free())
@@ -244,10 +244,10 @@ class RouterModel:
         ]
         scope = "DSP-005" if plan.allowed is None else "DSP-006"
         if not candidates:
-            return "untyped", (*plan.because, scope, "DSP-008")
+            return "untyped", (*plan.because, scope, "DSP-008", "FLT-008")
         fallback = candidates[0]
         if not self.workers[fallback].record:
-            return "CannotConnect", (*plan.because, scope, "DSP-007")
+            return "CannotConnect", (*plan.because, scope, "DSP-007", "FLT-008")
         return fallback, (*plan.because, scope, "DSP-012")
 
     def _serve(

@@ -11,15 +11,15 @@ import importlib
 import json
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
-from conformance.checks import RequirementViolation
+from conformance.checks import RequirementViolation, take_evidence
 from conformance.registry import Requirement, SpecFormatError, load_requirements
 from routespec.target import Adapter, Target, TargetConfig
 
@@ -30,6 +30,7 @@ settings.register_profile(
     deadline=None,
     report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
 )
 settings.register_profile(
     "thorough",
@@ -78,7 +79,9 @@ def load_adapter(spec: str) -> Adapter:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise pytest.UsageError(f"--adapter {spec}: cannot import {module_name}: {error}") from error
+        raise pytest.UsageError(
+            f"--adapter {spec}: cannot import {module_name}: {error}"
+        ) from error
     adapter = getattr(module, attribute, None)
     if adapter is None:
         raise pytest.UsageError(f"--adapter {spec}: {module_name} has no attribute {attribute}")
@@ -93,6 +96,7 @@ class CheckResult:
     detail: str
     violated: tuple[str, ...]
     duration_s: float
+    unexercised: tuple[str, ...] = ()
 
 
 @attrs.define
@@ -117,6 +121,9 @@ class ConformanceRun:
         for check in checks:
             if check.outcome == "failed" and check.violated and rid not in check.violated:
                 continue  # the check failed on another requirement: no evidence for this one
+            if check.outcome == "passed" and rid in check.unexercised:
+                outcomes.add("skipped")  # passed without ever evaluating this requirement
+                continue
             outcomes.add(check.outcome)
         for outcome, verdict in (
             ("failed", "FAIL"),
@@ -211,10 +218,22 @@ def target(adapter: Adapter) -> Iterator[Target]:
         yield opened
 
 
+_EVIDENCE = pytest.StashKey[set[str]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    take_evidence()
+    try:
+        return (yield)
+    finally:
+        item.stash[_EVIDENCE] = take_evidence()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
-) -> Iterator[None]:
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report: pytest.TestReport = yield
     ids = _cited_ids(item)
     if not ids or not _is_final(report):
@@ -230,8 +249,12 @@ def pytest_runtest_makereport(
         detail = str(report.longrepr[2]).removeprefix("Skipped: ")
     elif outcome == "xfailed":
         detail = str(getattr(report, "wasxfail", ""))
+    unexercised: tuple[str, ...] = ()
+    if outcome == "passed":
+        evidence = item.stash.get(_EVIDENCE, set())
+        unexercised = tuple(i for i in ids if i not in evidence)
     item.config.stash[_RUN].results.append(
-        CheckResult(_check_name(item), ids, outcome, detail, violated, report.duration)
+        CheckResult(_check_name(item), ids, outcome, detail, violated, report.duration, unexercised)
     )
     return report
 
@@ -261,8 +284,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{verdict:8} {rid} {level:6} {len(checks):2} checks  {note}")
     counts = {v: sum(1 for verdict, _ in verdicts.values() if verdict == v) for v in RESULT_ORDER}
     terminalreporter.write_line(
-        f"requirements: {len(verdicts)}; "
-        + ", ".join(f"{v} {n}" for v, n in counts.items() if n)
+        f"requirements: {len(verdicts)}; " + ", ".join(f"{v} {n}" for v, n in counts.items() if n)
     )
     path = terminalreporter.config.getoption("conformance_report")
     if path:
@@ -272,8 +294,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def _note(verdict: str, checks: list[CheckResult], rid: str) -> str:
     relevant = {"FAIL": "failed", "SKIP": "skipped", "XFAIL": "xfailed"}.get(verdict)
+    if verdict == "SKIP" and all(c.outcome == "passed" for c in checks):
+        return "no step of its checks could exercise it with this adapter's capabilities"
     for check in checks:
-        if check.outcome == relevant and (verdict != "FAIL" or not check.violated or rid in check.violated):
+        if check.outcome == relevant and (
+            verdict != "FAIL" or not check.violated or rid in check.violated
+        ):
             return f"{check.check}: {check.detail}"[:160]
     return ""
 

@@ -153,5 +153,7 @@ def scan_implementations(reference_dir: Path = REFERENCE_DIR) -> Mapping[str, li
     for source in sorted(reference_dir.rglob("*.py")):
         for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
             for found in _ID_ANYWHERE.findall(line):
-                places.setdefault(found, []).append(f"{source.relative_to(ROOT).as_posix()}:{number}")
+                places.setdefault(found, []).append(
+                    f"{source.relative_to(ROOT).as_posix()}:{number}"
+                )
     return places

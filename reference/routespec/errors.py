@@ -197,7 +197,7 @@ def _type_of(error: RoutingError) -> ErrorType:
 
 
 def error_chain(error: BaseException) -> Iterator[BaseException]:
-    """The error, then each ``__cause__`` in turn; bounded and cycle-safe."""
+    """The error, then each ``__cause__`` in turn; bounded and cycle-safe (ERR-002)."""
     seen: set[int] = set()
     link: BaseException | None = error
     while link is not None and id(link) not in seen and len(seen) < MAX_CHAIN_LINKS:
@@ -223,7 +223,8 @@ def match_error_chain(
 ) -> bool:
     """True when a typed link is in ``include`` and no link anywhere is in ``exclude``.
 
-    An exclude vetoes even when it comes after an earlier include (ERR-008).
+    An exclude vetoes even when it comes after an earlier include (ERR-008); an include on
+    any link matches (ERR-009).
     """
     included, excluded = frozenset(include), frozenset(exclude)
     found = False

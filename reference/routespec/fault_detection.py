@@ -27,6 +27,7 @@ class FaultDetector:
     worker_sets: WorkerSets
 
     def observe(self, instance_id: int, error: BaseException) -> None:
+        """Other errors leave the worker sets alone (FLT-006)."""
         if match_error_chain(error, INHIBITING_TYPES):
             self.worker_sets.report_instance_down(instance_id)  # FLT-001
         elif match_error_chain(error, {ErrorKind.WORKER_OVERLOADED}):

@@ -61,7 +61,7 @@ class InProcessStream:
     _done: bool = False
 
     def sever(self) -> None:
-        """The worker died: a pending or later read ends the stream with ``Disconnected``."""
+        """The worker died: a pending or later read ends with ``Disconnected`` (DSP-015)."""
         self._severed = True
         if self._read_scope is not None:
             self._read_scope.cancel()

@@ -76,7 +76,8 @@ class PushRouter:
         mode: RouterMode = RouterMode.ROUND_ROBIN,
         prepare: Prepare | None = None,
     ) -> RouterStream:
-        """Select from the free set by ``mode`` and dispatch with ordinary fallback."""
+        """Select from the free set (SEL-003) by a builtin ``mode`` (SEL-001), then dispatch
+        with ordinary fallback."""
         if mode in (RouterMode.KV, RouterMode.DIRECT):
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
@@ -98,7 +99,10 @@ class PushRouter:
     async def direct(
         self, request: Request, instance_id: int, prepare: Prepare | None = None
     ) -> RouterStream:
-        """Exact dispatch: that worker or a typed failure, never another worker (DSP-001)."""
+        """Exact dispatch: that worker or a typed failure, never another worker (DSP-001).
+
+        Local inhibition is not consulted: only resolution and overload decide (FLT-005).
+        """
         return await self._dispatch(request, instance_id, DENY, None, prepare)
 
     async def direct_within(
@@ -136,7 +140,7 @@ class PushRouter:
         try:
             instance = self._resolve_and_check(target, fallback, permit)
             prepared = request if prepare is None else prepare(request, instance.instance_id)
-            try:
+            try:  # one send per call: the router never re-sends (DSP-014)
                 stream = await self.transport.generate(instance, prepared)
             except RoutingError as error:
                 self._observe_fault(instance.instance_id, error)
@@ -150,7 +154,7 @@ class PushRouter:
     def _resolve_and_check(
         self, target: int, fallback: TransportFallback, permit: Permit | None
     ) -> Instance:
-        """Resolve transport first, then check overload on the resolved worker (DSP-003, DSP-004)."""
+        """Resolve transport, then check overload on the resolved worker (DSP-003, DSP-004)."""
         instance = self._resolve_transport(target, fallback)
         if permit is not None and instance.instance_id != permit.instance_id:
             permit.retarget(instance.instance_id)  # DSP-012
@@ -158,6 +162,7 @@ class PushRouter:
         return instance
 
     def _resolve_transport(self, target: int, fallback: TransportFallback) -> Instance:
+        """Its failures are raised before fault detection sees anything (FLT-008)."""
         instance = self.discovery.lookup(target)
         if instance is not None:
             return instance
@@ -199,7 +204,7 @@ class PushRouter:
 
 @attrs.define
 class RouterStream:
-    """The caller's view of a response stream.
+    """The caller's view of a response stream: every item passes through unchanged (DSP-013).
 
     The occupancy permit is released exactly once: at end of stream, at the first error
     item before it is returned, or when the caller closes the stream (DSP-011).

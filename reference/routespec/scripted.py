@@ -36,7 +36,7 @@ class ScriptedWorker:
 
     worker_id: int
     log: list[Delivery]
-    script: WorkerScript = Serve()
+    script: WorkerScript = attrs.field(factory=Serve)
     _release: trio.Event = attrs.field(factory=trio.Event)
 
     def release_stalled(self) -> None:
@@ -46,7 +46,9 @@ class ScriptedWorker:
     async def start(self, request: Request) -> AsyncGenerator[object, None]:
         prepared = request.annotations.get(PREPARED_FOR)
         self.log.append(
-            Delivery(request.request_id, self.worker_id, None if prepared is None else int(prepared))
+            Delivery(
+                request.request_id, self.worker_id, None if prepared is None else int(prepared)
+            )
         )
         script = self.script
         if isinstance(script, FailBeforeStream):

@@ -67,7 +67,12 @@ class ErrorSpec:
 
 @attrs.frozen
 class Serve:
-    """Yield ``items`` data items, then end the stream cleanly."""
+    """Yield ``items`` data items, then end the stream cleanly.
+
+    Every scripted data item is ``{"worker": id, "request": request_id, "index": n}`` with
+    ``n`` counting from 0 across the whole stream, so checks can see loss, reordering and
+    which worker produced it.
+    """
 
     items: int = 1
 
@@ -258,8 +263,11 @@ class Adapter(Protocol):
     the spec there; such checks are strict XFAIL (an unexpected pass fails the run).
     """
 
-    name: str
-    capabilities: frozenset[Capability]
-    expected_failures: Mapping[str, str]
+    @property
+    def name(self) -> str: ...
+    @property
+    def capabilities(self) -> frozenset[Capability]: ...
+    @property
+    def expected_failures(self) -> Mapping[str, str]: ...
 
     def open(self, config: TargetConfig) -> AbstractContextManager[Target]: ...

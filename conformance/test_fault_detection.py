@@ -1,0 +1,464 @@
+"""Fault detection (FLT): local inhibition, overload leases, and errors passed through unchanged.
+
+A worker is made to fail by scripting it (before the stream, or with an error item after some
+data), a request is sent to it with ``direct``, and the worker sets are read afterwards. Time
+moves only through ``advance_time``; durations are binary fractions so that the boundaries
+are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from conformance import oracle
+from conformance.checks import RequirementViolation, covers, require, requires
+from conformance.plugin import OpenTarget
+from routespec.target import (
+    Capability,
+    Direct,
+    ErrorSpec,
+    FailBeforeStream,
+    FailMidStream,
+    Generate,
+    Outcome,
+    Serve,
+    Stall,
+    Target,
+    TargetConfig,
+    WorkerScript,
+)
+
+WHERE = ["before-stream", "stream-item"]
+NEUTRAL_TYPES = [
+    label
+    for label in oracle.TYPE_LABELS
+    if label not in oracle.INHIBITING_TYPES and label != "WorkerOverloaded"
+]
+
+
+def chain_of(labels: Sequence[str | None]) -> ErrorSpec:
+    spec: ErrorSpec | None = None
+    for depth, label in reversed(list(enumerate(labels))):
+        spec = ErrorSpec(label, f"injected link {depth}", spec)
+    if spec is None:
+        raise ValueError("a chain has at least one link")
+    return spec
+
+
+def failing(where: str, error: ErrorSpec) -> WorkerScript:
+    if where == "before-stream":
+        return FailBeforeStream(error)
+    return FailMidStream(2, error)
+
+
+def show(labels: Sequence[str | None]) -> str:
+    return " <- ".join(label or "untyped" for label in labels)
+
+
+def finished(target: Target, request_id: str, requirement: str) -> Outcome:
+    outcome = target.outcome(request_id)
+    if outcome is None:
+        raise RequirementViolation(
+            requirement, f"{request_id} is still open; expected its stream to have ended"
+        )
+    return outcome
+
+
+def reached(target: Target, request_id: str) -> list[int]:
+    return [d.worker_id for d in target.dispatch_log() if d.request_id == request_id]
+
+
+def fail_once(target: Target, worker: int, script: WorkerScript, requirement: str) -> Outcome:
+    """Send one direct request to ``worker`` under ``script``, then let it serve normally."""
+    target.script_worker(worker, script)
+    outcome = finished(target, target.submit(Direct(worker)), requirement)
+    target.script_worker(worker, Serve())
+    if outcome.error is None:
+        raise RequirementViolation(
+            requirement, f"worker {worker} scripted {script} did not fail the request: {outcome}"
+        )
+    return outcome
+
+
+# --- FLT-001 ---
+
+INHIBITING_CHAINS = [
+    pytest.param((label,), id=label) for label in sorted(oracle.INHIBITING_TYPES)
+] + [
+    pytest.param((None, "Unknown", "Disconnected"), id="deep-Disconnected"),
+    pytest.param(("WorkerOverloaded", "Backend(EngineShutdown)"), id="under-WorkerOverloaded"),
+    pytest.param(("InvalidArgument", None, "ResponseTimeout"), id="under-InvalidArgument"),
+]
+
+
+@covers("FLT-001")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.OBSERVE_WORKER_SETS,
+    Capability.MOCK_CLOCK,
+)
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("labels", INHIBITING_CHAINS)
+def test_an_inhibiting_error_inhibits_the_worker(
+    target: Target, labels: tuple[str | None, ...], where: str
+) -> None:
+    worker, other = target.add_worker(), target.add_worker()
+    fail_once(target, worker, failing(where, chain_of(labels)), "FLT-001")
+    sets = target.worker_sets()
+    require(
+        "FLT-001",
+        worker not in sets.routable and other in sets.routable,
+        f"after {show(labels)} ({where}) from worker {worker}, routable is "
+        f"{sorted(sets.routable)}; expected {worker} inhibited and {other} routable",
+    )
+    target.advance_time(4.5)
+    sets = target.worker_sets()
+    require(
+        "FLT-001",
+        worker not in sets.routable,
+        f"4.5 s after {show(labels)} ({where}), worker {worker} is routable again "
+        f"({sorted(sets.routable)}); inhibition lasts 5 s",
+    )
+
+
+@covers("FLT-001")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.ROUND_ROBIN,
+)
+def test_an_inhibited_worker_gets_no_new_selections(target: Target) -> None:
+    worker, *others = (target.add_worker() for _ in range(3))
+    fail_once(target, worker, FailBeforeStream(ErrorSpec("CannotConnect")), "FLT-001")
+    picks = [reached(target, target.submit(Generate("round-robin"))) for _ in range(6)]
+    require(
+        "FLT-001",
+        all(pick and pick[0] in others for pick in picks),
+        f"after worker {worker} failed with CannotConnect, round-robin reached {picks}; "
+        f"expected only {others}",
+    )
+
+
+@covers("FLT-001")
+@requires(
+    Capability.DIRECT,
+    Capability.KILL_WORKER,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_WORKER_SETS,
+)
+def test_a_dead_worker_is_inhibited(target: Target) -> None:
+    streaming, idle, other = (target.add_worker() for _ in range(3))
+    target.script_worker(streaming, Stall(items=1))
+    open_request = target.submit(Direct(streaming))
+    target.kill_worker(streaming)
+    target.kill_worker(idle)
+    refused = finished(target, target.submit(Direct(idle)), "FLT-001")
+    require("FLT-001", refused.error is not None, f"direct to a killed worker ended {refused}")
+    sets = target.worker_sets()
+    require(
+        "FLT-001",
+        sets.routable == {other},
+        f"after worker {streaming} died mid-stream ({target.outcome(open_request)}) and "
+        f"worker {idle} refused a connection ({refused}), routable is {sorted(sets.routable)}, "
+        f"expected [{other}]",
+    )
+
+
+# --- FLT-002 ---
+
+
+@covers("FLT-002")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.OBSERVE_WORKER_SETS,
+    Capability.MOCK_CLOCK,
+    Capability.ROUND_ROBIN,
+)
+def test_inhibition_expires_after_five_seconds(target: Target) -> None:
+    worker, other = target.add_worker(), target.add_worker()
+    fail_once(target, worker, FailBeforeStream(ErrorSpec("CannotConnect")), "FLT-002")
+    target.advance_time(4.5)
+    require(
+        "FLT-002",
+        worker not in target.worker_sets().routable,
+        f"worker {worker} is routable 4.5 s after failing with CannotConnect",
+    )
+    target.advance_time(0.5)
+    sets = target.worker_sets()
+    require(
+        "FLT-002",
+        sets.routable == {worker, other},
+        f"5 s after worker {worker} was reported down, routable is {sorted(sets.routable)}; "
+        f"expected [{worker}, {other}]",
+    )
+    picks = {w for _ in range(2) for w in reached(target, target.submit(Generate("round-robin")))}
+    require(
+        "FLT-002",
+        worker in picks,
+        f"after the inhibition lapsed, two round-robin requests reached {sorted(picks)}, "
+        f"never worker {worker}",
+    )
+
+
+@covers("FLT-002")
+@requires(Capability.REPORT_DOWN, Capability.OBSERVE_WORKER_SETS, Capability.MOCK_CLOCK)
+def test_inhibition_counts_from_the_last_report(target: Target) -> None:
+    worker = target.add_worker()
+    target.report_down(worker)
+    target.advance_time(3.0)
+    target.report_down(worker)
+    target.advance_time(3.0)
+    require(
+        "FLT-002",
+        worker not in target.worker_sets().routable,
+        f"worker {worker} is routable 6 s after the first report but 3 s after the last",
+    )
+    target.advance_time(2.0)
+    require(
+        "FLT-002",
+        worker in target.worker_sets().routable,
+        f"worker {worker} is still not routable 5 s after it was last reported down",
+    )
+
+
+@covers("FLT-002")
+@requires(
+    Capability.CONFIGURE_INHIBITION,
+    Capability.REPORT_DOWN,
+    Capability.OBSERVE_WORKER_SETS,
+    Capability.MOCK_CLOCK,
+)
+def test_a_configured_duration_is_honoured(open_target: OpenTarget) -> None:
+    with open_target(TargetConfig(inhibited_duration=2.0)) as target:
+        worker = target.add_worker()
+        target.report_down(worker)
+        target.advance_time(1.5)
+        require(
+            "FLT-002",
+            worker not in target.worker_sets().routable,
+            f"with a 2 s inhibition, worker {worker} is routable 1.5 s after being reported down",
+        )
+        target.advance_time(0.5)
+        require(
+            "FLT-002",
+            worker in target.worker_sets().routable,
+            f"with a 2 s inhibition, worker {worker} is not routable 2 s after being reported down",
+        )
+
+
+# --- FLT-003 ---
+
+
+@covers("FLT-003")
+@requires(Capability.CONFIGURE_INHIBITION, Capability.REPORT_DOWN, Capability.OBSERVE_WORKER_SETS)
+def test_zero_duration_report_down_leaves_the_worker_routable(open_target: OpenTarget) -> None:
+    with open_target(TargetConfig(inhibited_duration=0.0)) as target:
+        worker, other = target.add_worker(), target.add_worker()
+        target.report_down(worker)
+        sets = target.worker_sets()
+        require(
+            "FLT-003",
+            sets.routable == {worker, other},
+            f"with inhibition duration 0, reporting {worker} down left routable "
+            f"{sorted(sets.routable)}",
+        )
+
+
+@covers("FLT-003")
+@requires(
+    Capability.CONFIGURE_INHIBITION,
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.ROUND_ROBIN,
+)
+def test_zero_duration_failure_leaves_the_worker_selectable(open_target: OpenTarget) -> None:
+    with open_target(TargetConfig(inhibited_duration=0.0)) as target:
+        worker, other = target.add_worker(), target.add_worker()
+        fail_once(target, worker, FailBeforeStream(ErrorSpec("Disconnected")), "FLT-003")
+        picks = {
+            w for _ in range(2) for w in reached(target, target.submit(Generate("round-robin")))
+        }
+        require(
+            "FLT-003",
+            picks == {worker, other},
+            f"with inhibition duration 0, after {worker} failed with Disconnected two "
+            f"round-robin requests reached {sorted(picks)}, expected both workers",
+        )
+
+
+# --- FLT-004 ---
+
+
+@covers("FLT-004")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.OBSERVE_WORKER_SETS,
+    Capability.MOCK_CLOCK,
+)
+@pytest.mark.parametrize(
+    "labels",
+    [
+        ("WorkerOverloaded",),
+        (None, "Unknown", "WorkerOverloaded"),
+        ("WorkerOverloaded", "Cancelled"),
+    ],
+    ids=["plain", "deep", "with-cause"],
+)
+def test_worker_overloaded_leases_overload_for_one_second(
+    target: Target, labels: tuple[str | None, ...]
+) -> None:
+    worker, other = target.add_worker(), target.add_worker()
+    fail_once(target, worker, FailBeforeStream(chain_of(labels)), "FLT-004")
+    sets = target.worker_sets()
+    require(
+        "FLT-004",
+        sets.overloaded == {worker} and sets.free == {other} and worker in sets.routable,
+        f"after {show(labels)} from worker {worker}: {sets}; expected it overloaded "
+        "(still routable, not free)",
+    )
+    target.advance_time(0.5)
+    require(
+        "FLT-004",
+        target.worker_sets().overloaded == {worker},
+        f"0.5 s into its 1 s lease, worker {worker} is no longer overloaded",
+    )
+    target.advance_time(0.5)
+    sets = target.worker_sets()
+    require(
+        "FLT-004",
+        not sets.overloaded and sets.free == {worker, other},
+        f"1 s after the lease began, sets are {sets}; expected worker {worker} free again",
+    )
+
+
+@covers("FLT-004")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.MARK_OVERLOADED,
+    Capability.OBSERVE_WORKER_SETS,
+    Capability.MOCK_CLOCK,
+)
+def test_a_monitor_verdict_outlives_the_lease(target: Target) -> None:
+    worker = target.add_worker()
+    fail_once(target, worker, FailBeforeStream(ErrorSpec("WorkerOverloaded")), "FLT-004")
+    target.mark_overloaded(worker, True)
+    target.advance_time(2.0)
+    require(
+        "FLT-004",
+        target.worker_sets().overloaded == {worker},
+        f"after the lease lapsed, worker {worker} is not overloaded though the monitor reports it",
+    )
+    target.mark_overloaded(worker, False)
+    require(
+        "FLT-004",
+        target.worker_sets().free == {worker},
+        f"with the lease lapsed and the monitor verdict cleared, worker {worker} is not free",
+    )
+
+
+# --- FLT-005 ---
+
+
+@covers("FLT-005")
+@requires(Capability.DIRECT, Capability.REPORT_DOWN)
+def test_direct_reaches_a_reported_down_worker(target: Target) -> None:
+    worker, _ = target.add_worker(), target.add_worker()
+    target.report_down(worker)
+    request = target.submit(Direct(worker))
+    outcome = finished(target, request, "FLT-005")
+    require(
+        "FLT-005",
+        reached(target, request) == [worker] and outcome.error is None and len(outcome.items) == 1,
+        f"direct to locally inhibited worker {worker} reached {reached(target, request)} "
+        f"and ended {outcome}; expected it served by {worker}",
+    )
+
+
+@covers("FLT-005")
+@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES)
+def test_direct_reaches_a_worker_inhibited_by_its_failure(target: Target) -> None:
+    worker, _ = target.add_worker(), target.add_worker()
+    fail_once(target, worker, FailBeforeStream(ErrorSpec("ConnectionTimeout")), "FLT-005")
+    request = target.submit(Direct(worker))
+    outcome = finished(target, request, "FLT-005")
+    require(
+        "FLT-005",
+        reached(target, request) == [worker] and outcome.error is None,
+        f"direct to worker {worker}, inhibited by its ConnectionTimeout, reached "
+        f"{reached(target, request)} and ended {outcome}; expected it served by {worker}",
+    )
+
+
+# --- FLT-006 ---
+
+NEUTRAL_CHAINS = [pytest.param((label,), id=label) for label in NEUTRAL_TYPES] + [
+    pytest.param((None,), id="untyped"),
+    pytest.param((None, "Cancelled", "InvalidArgument"), id="deep-neutral"),
+]
+
+
+@covers("FLT-006")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.OBSERVE_WORKER_SETS,
+)
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("labels", NEUTRAL_CHAINS)
+def test_other_errors_leave_the_sets_alone(
+    target: Target, labels: tuple[str | None, ...], where: str
+) -> None:
+    worker, _ = target.add_worker(), target.add_worker()
+    before = target.worker_sets()
+    fail_once(target, worker, failing(where, chain_of(labels)), "FLT-006")
+    after = target.worker_sets()
+    require(
+        "FLT-006",
+        (after.routable, after.overloaded) == (before.routable, before.overloaded),
+        f"{show(labels)} ({where}) from worker {worker} changed the sets from {before} to {after}",
+    )
+
+
+# --- FLT-007 ---
+
+CHAINS = [
+    ("CannotConnect",),
+    ("WorkerOverloaded",),
+    ("InvalidArgument",),
+    ("Disconnected", "Backend(EngineShutdown)"),
+    (None, "WorkerUnavailable", None, "Cancelled"),
+    ("Backend(StreamIncomplete)", "ResponseTimeout", "Unknown"),
+    ("Unavailable", "ResourceExhausted", "Backend(Cancelled)"),
+    (None,),
+]
+
+
+@covers("FLT-007")
+@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("labels", CHAINS, ids=show)
+def test_the_caller_sees_the_error_unchanged(
+    target: Target, labels: tuple[str | None, ...], where: str
+) -> None:
+    worker = target.add_worker()
+    outcome = fail_once(target, worker, failing(where, chain_of(labels)), "FLT-007")
+    assert outcome.error is not None  # fail_once guarantees it
+    expected = tuple(oracle.typed(labels))
+    require(
+        "FLT-007",
+        outcome.error.typed_chain == expected,
+        f"the worker failed with {show(labels)} ({where}); the caller saw "
+        f"{outcome.error.describe()}, expected typed chain {show(expected)}",
+    )
+    require(
+        "FLT-007",
+        outcome.error.pre_stream == (where == "before-stream"),
+        f"the worker failed {where}; the caller saw the error "
+        f"{'before the stream' if outcome.error.pre_stream else 'as a stream item'}",
+    )

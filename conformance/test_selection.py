@@ -1,0 +1,464 @@
+"""Selection (SEL): which worker each router mode picks, and how occupancy modes book it.
+
+Load is built with Stall-scripted requests that stay open; ``Preselected`` calls book a chosen
+worker exactly (as a routing host's occupancy policy would), which lets a check set up uneven
+occupancy without depending on the mode under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from conformance.checks import RequirementViolation, covers, require, requires
+from conformance.plugin import OpenTarget
+from routespec.target import (
+    Capability,
+    Generate,
+    Outcome,
+    Preselected,
+    Serve,
+    Stall,
+    Target,
+    TargetConfig,
+)
+
+MODE_CAPABILITY = {
+    "round-robin": Capability.ROUND_ROBIN,
+    "random": Capability.RANDOM,
+    "power-of-two-choices": Capability.POWER_OF_TWO_CHOICES,
+    "least-loaded": Capability.LEAST_LOADED,
+    "device-aware-weighted": Capability.DEVICE_AWARE_WEIGHTED,
+}
+OCCUPANCY_MODE_LABELS = ("power-of-two-choices", "least-loaded", "device-aware-weighted")
+BUILTIN_MODES = [
+    pytest.param(mode, marks=pytest.mark.requires(cap), id=mode)
+    for mode, cap in MODE_CAPABILITY.items()
+]
+OCCUPANCY_MODES = [
+    pytest.param(mode, marks=pytest.mark.requires(MODE_CAPABILITY[mode]), id=mode)
+    for mode in OCCUPANCY_MODE_LABELS
+]
+
+
+def finished(target: Target, request_id: str, requirement: str) -> Outcome:
+    outcome = target.outcome(request_id)
+    if outcome is None:
+        raise RequirementViolation(
+            requirement, f"{request_id} is still open; expected its stream to have ended"
+        )
+    return outcome
+
+
+def reached(target: Target, request_id: str) -> list[int]:
+    return [d.worker_id for d in target.dispatch_log() if d.request_id == request_id]
+
+
+def only_worker(target: Target, request_id: str, requirement: str) -> int:
+    workers = reached(target, request_id)
+    if len(workers) != 1:
+        raise RequirementViolation(
+            requirement,
+            f"{request_id} reached workers {workers} and ended {target.outcome(request_id)}; "
+            "expected exactly one worker",
+        )
+    return workers[0]
+
+
+def first_typed(outcome: Outcome | None) -> str | None:
+    if outcome is None or outcome.error is None:
+        return None
+    chain = outcome.error.typed_chain
+    return chain[0] if chain else None
+
+
+def loads(target: Target) -> dict[int, int]:
+    return {worker: count for worker, count in target.occupancy().items() if count}
+
+
+def book(target: Target, worker: int, times: int) -> None:
+    """Hold ``times`` open, booked requests on ``worker`` (its script is left as Stall)."""
+    target.script_worker(worker, Stall())
+    for _ in range(times):
+        target.submit(Preselected(worker))
+
+
+def release_all(target: Target, workers: Sequence[int]) -> None:
+    for worker in workers:
+        target.release_stalled(worker)
+
+
+# --- SEL-001, SEL-002 ---
+
+
+@covers("SEL-001")
+@pytest.mark.parametrize("mode", BUILTIN_MODES)
+def test_builtin_modes_dispatch(target: Target, mode: str) -> None:
+    workers = [target.add_worker() for _ in range(3)]
+    for _ in range(4):
+        request = target.submit(Generate(mode))
+        outcome = finished(target, request, "SEL-001")
+        require(
+            "SEL-001",
+            outcome.error is None and len(outcome.items) == 1,
+            f"generate({mode}) with free workers {workers} ended {outcome}, expected one item",
+        )
+        worker = only_worker(target, request, "SEL-001")
+        require(
+            "SEL-001", worker in workers, f"generate({mode}) reached {worker}, not in {workers}"
+        )
+
+
+@covers("SEL-002")
+@requires(Capability.REFUSES_KV_AND_DIRECT)
+@pytest.mark.parametrize("mode", ["kv", "direct"])
+def test_kv_and_direct_are_refused(target: Target, mode: str) -> None:
+    workers = [target.add_worker() for _ in range(2)]
+    request = target.submit(Generate(mode))
+    outcome = finished(target, request, "SEL-002")
+    require(
+        "SEL-002",
+        outcome.error is not None,
+        f"generate({mode}) with workers {workers} succeeded ({outcome}); a bare router "
+        "must refuse it",
+    )
+    require(
+        "SEL-002",
+        not target.dispatch_log(),
+        f"generate({mode}) reached workers: {list(target.dispatch_log())}",
+    )
+
+
+# --- SEL-003 ---
+
+
+@covers("SEL-003")
+@requires(Capability.SCRIPT_STALL, Capability.MARK_OVERLOADED, Capability.REPORT_DOWN)
+@pytest.mark.parametrize("mode", BUILTIN_MODES)
+def test_selection_draws_only_from_the_free_set(target: Target, mode: str) -> None:
+    """Free workers carry open streams while an overloaded and an inhibited worker sit idle,
+    so a load-seeking mode that ignored the free set would pick them."""
+    workers = [target.add_worker() for _ in range(5)]
+    overloaded, inhibited = workers[1], workers[2]
+    free = {w for w in workers if w not in (overloaded, inhibited)}
+    target.mark_overloaded(overloaded, True)
+    target.report_down(inhibited)
+    for worker in workers:
+        target.script_worker(worker, Stall())
+    for _ in range(12):
+        request = target.submit(Generate(mode))
+        worker = only_worker(target, request, "SEL-003")
+        require(
+            "SEL-003",
+            worker in free,
+            f"generate({mode}) reached {worker}; the free set is {sorted(free)} "
+            f"({overloaded} overloaded, {inhibited} inhibited)",
+        )
+    release_all(target, workers)
+
+
+# --- SEL-004, SEL-005 ---
+
+
+@covers("SEL-004")
+@requires(Capability.MARK_OVERLOADED)
+@pytest.mark.parametrize("mode", BUILTIN_MODES)
+def test_all_overloaded_is_resource_exhausted(target: Target, mode: str) -> None:
+    workers = [target.add_worker() for _ in range(3)]
+    for worker in workers:
+        target.mark_overloaded(worker, True)
+    outcome = finished(target, target.submit(Generate(mode)), "SEL-004")
+    require(
+        "SEL-004",
+        first_typed(outcome) == "ResourceExhausted",
+        f"generate({mode}) with every routable worker overloaded ended {outcome}, "
+        "expected ResourceExhausted",
+    )
+    require(
+        "SEL-004",
+        not target.dispatch_log(),
+        f"generate({mode}) reached a worker: {list(target.dispatch_log())}",
+    )
+
+
+@covers("SEL-005")
+@pytest.mark.parametrize("mode", BUILTIN_MODES)
+def test_no_worker_is_unavailable(target: Target, mode: str) -> None:
+    outcome = finished(target, target.submit(Generate(mode)), "SEL-005")
+    require(
+        "SEL-005",
+        first_typed(outcome) == "Unavailable",
+        f"generate({mode}) with no worker ended {outcome}, expected Unavailable",
+    )
+
+
+@covers("SEL-005")
+@requires(Capability.REPORT_DOWN, Capability.MARK_OVERLOADED)
+@pytest.mark.parametrize("mode", BUILTIN_MODES)
+def test_all_inhibited_is_unavailable(target: Target, mode: str) -> None:
+    """Routable is empty (one worker overloaded as well): Unavailable, not ResourceExhausted."""
+    workers = [target.add_worker() for _ in range(2)]
+    for worker in workers:
+        target.report_down(worker)
+    target.mark_overloaded(workers[1], True)
+    outcome = finished(target, target.submit(Generate(mode)), "SEL-005")
+    require(
+        "SEL-005",
+        first_typed(outcome) == "Unavailable",
+        f"generate({mode}) with every worker locally inhibited ended {outcome}, "
+        "expected Unavailable",
+    )
+    require(
+        "SEL-005",
+        not target.dispatch_log(),
+        f"generate({mode}) reached a worker: {list(target.dispatch_log())}",
+    )
+
+
+# --- SEL-006 ---
+
+
+def _round_robin(target: Target, count: int) -> list[int]:
+    return [
+        only_worker(target, target.submit(Generate("round-robin")), "SEL-006") for _ in range(count)
+    ]
+
+
+@covers("SEL-006")
+@requires(Capability.ROUND_ROBIN)
+def test_round_robin_cycles_through_a_stable_free_set(target: Target) -> None:
+    workers = sorted(target.add_worker() for _ in range(3))
+    observed = _round_robin(target, 7)
+    expected = [workers[n % 3] for n in range(7)]
+    require("SEL-006", observed == expected, f"round-robin reached {observed}, expected {expected}")
+
+
+@covers("SEL-006")
+@requires(Capability.ROUND_ROBIN, Capability.MARK_OVERLOADED)
+def test_round_robin_indexes_the_current_free_set(target: Target) -> None:
+    """``n`` counts every earlier selection while the index is taken in the free set of now."""
+    first, second, third = sorted(target.add_worker() for _ in range(3))
+    observed = _round_robin(target, 2)  # n = 0, 1 over [1, 2, 3]
+    target.mark_overloaded(first, True)
+    observed += _round_robin(target, 3)  # n = 2, 3, 4 over [2, 3]
+    target.mark_overloaded(first, False)
+    observed += _round_robin(target, 2)  # n = 5, 6 over [1, 2, 3]
+    expected = [first, second, second, third, second, third, first]
+    require(
+        "SEL-006",
+        observed == expected,
+        f"round-robin reached {observed}, expected free[n mod len(free)] = {expected}",
+    )
+
+
+@covers("SEL-006")
+@requires(Capability.ROUND_ROBIN, Capability.RANDOM, Capability.LEAST_LOADED)
+def test_round_robin_counts_only_its_own_selections(target: Target) -> None:
+    workers = sorted(target.add_worker() for _ in range(3))
+    observed = _round_robin(target, 1)
+    target.submit(Generate("random"))
+    target.submit(Generate("least-loaded"))
+    observed += _round_robin(target, 1)
+    target.submit(Generate("random"))
+    observed += _round_robin(target, 1)
+    expected = workers[:3]
+    require(
+        "SEL-006",
+        observed == expected,
+        f"round-robin reached {observed} with other modes in between, expected {expected}: "
+        "n counts round-robin selections only",
+    )
+
+
+# --- SEL-007 ---
+
+
+@covers("SEL-007")
+@requires(Capability.RANDOM)
+def test_random_reaches_every_free_worker(target: Target) -> None:
+    workers = [target.add_worker() for _ in range(3)]
+    counts = dict.fromkeys(workers, 0)
+    for _ in range(600):
+        worker = only_worker(target, target.submit(Generate("random")), "SEL-007")
+        counts[worker] = counts.get(worker, 0) + 1
+    require(
+        "SEL-007",
+        all(counts[w] >= 100 for w in workers) and set(counts) == set(workers),
+        f"600 random selections over {workers} gave {counts}, expected each >= 100",
+    )
+
+
+# --- SEL-008 ---
+
+
+@covers("SEL-008")
+@requires(
+    Capability.POWER_OF_TWO_CHOICES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_OCCUPANCY,
+)
+@pytest.mark.parametrize(
+    "booked",
+    [(1, 0), (0, 3), (2, 1, 0), (1, 0, 0), (0, 2, 1), (3, 2, 2, 0), (1, 0, 0, 0, 0)],
+    ids=lambda booked: "-".join(map(str, booked)),
+)
+def test_power_of_two_never_picks_the_unique_busiest(
+    open_target: OpenTarget, booked: tuple[int, ...]
+) -> None:
+    for seed in range(3):
+        with open_target(TargetConfig(seed=seed)) as target:
+            workers = [target.add_worker() for _ in booked]
+            for worker, count in zip(workers, booked, strict=True):
+                book(target, worker, count)
+                target.script_worker(worker, Serve())
+            occupancy = loads(target)
+            busiest = max(workers, key=lambda w: occupancy.get(w, 0))
+            if sum(occupancy.get(w, 0) == occupancy.get(busiest, 0) for w in workers) != 1:
+                pytest.fail(
+                    f"setup: occupancy {occupancy} after booking {booked} has no unique max"
+                )
+            picks: list[int] = []
+            for _ in range(40):
+                request = target.submit(Generate("power-of-two-choices"))
+                picks.append(only_worker(target, request, "SEL-008"))
+            require(
+                "SEL-008",
+                busiest not in picks,
+                f"seed {seed}: with occupancy {occupancy}, power-of-two-choices picked the "
+                f"unique busiest worker {busiest} {picks.count(busiest)} times in 40",
+            )
+            release_all(target, workers)
+
+
+# --- SEL-009 ---
+
+
+@covers("SEL-009")
+@requires(
+    Capability.LEAST_LOADED,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_OCCUPANCY,
+    Capability.MARK_OVERLOADED,
+)
+def test_least_loaded_picks_a_minimum(target: Target) -> None:
+    workers = [target.add_worker() for _ in range(5)]
+    idle_but_overloaded = workers[4]
+    for worker, count in zip(workers, (3, 0, 1, 0, 0), strict=True):
+        book(target, worker, count)
+        target.script_worker(worker, Stall())
+    target.mark_overloaded(idle_but_overloaded, True)
+    free = workers[:4]
+    for step in range(12):
+        before = loads(target)
+        minimum = min(before.get(w, 0) for w in free)
+        worker = only_worker(target, target.submit(Generate("least-loaded")), "SEL-009")
+        require(
+            "SEL-009",
+            worker in free and before.get(worker, 0) == minimum,
+            f"step {step}: occupancy {before} over free {free}; least-loaded picked {worker} "
+            f"(load {before.get(worker, 0)}), the minimum is {minimum}",
+        )
+    release_all(target, workers)
+
+
+# --- SEL-010 ---
+
+
+def _expected_group(
+    occupancy: Mapping[int, int], devices: Mapping[int, str], ratio: int
+) -> set[int]:
+    cpu = [w for w, device in devices.items() if device == "cpu"]
+    non_cpu = [w for w, device in devices.items() if device != "cpu"]
+    if not cpu or not non_cpu:
+        return set(devices)
+    cpu_load = sum(occupancy.get(w, 0) for w in cpu)
+    non_cpu_load = sum(occupancy.get(w, 0) for w in non_cpu)
+    budget = non_cpu_load * len(cpu) // (ratio * len(non_cpu))
+    return set(cpu) if cpu_load < budget else set(non_cpu)
+
+
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_OCCUPANCY,
+)
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("cpu", "cuda", "cuda"),
+        ("cuda", "cpu", "cpu"),
+        ("cpu", "cuda"),
+        ("cpu", "cpu"),
+        ("cuda", "cuda", "cuda"),
+    ],
+    ids="-".join,
+)
+def test_device_aware_weighs_device_groups(target: Target, layout: tuple[str, ...]) -> None:
+    devices = {target.add_worker(device=device): device for device in layout}
+    workers = list(devices)
+    book(target, workers[-1], 2)
+    for worker in workers:
+        target.script_worker(worker, Stall())
+    groups_used: set[str] = set()
+    for step in range(40):
+        before = loads(target)
+        group = _expected_group(before, devices, ratio=8)
+        minimum = min(before.get(w, 0) for w in group)
+        worker = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
+        require(
+            "SEL-010",
+            worker in group and before.get(worker, 0) == minimum,
+            f"step {step}: devices {devices}, occupancy {before}: expected a least-loaded "
+            f"worker of {sorted(group)} (load {minimum}), got {worker} "
+            f"(load {before.get(worker, 0)})",
+        )
+        groups_used.add(devices[worker])
+    if "cpu" in layout and len(set(layout)) == 2:
+        require(
+            "SEL-010",
+            "cpu" in groups_used and groups_used != {"cpu"},
+            f"40 requests over {devices} used device groups {groups_used}; the load budget "
+            "should have sent work to both",
+        )
+    release_all(target, workers)
+
+
+# --- SEL-011 ---
+
+
+@covers("SEL-011", "DSP-011")
+@requires(Capability.SCRIPT_STALL, Capability.OBSERVE_OCCUPANCY)
+@pytest.mark.parametrize("mode", OCCUPANCY_MODES)
+def test_occupancy_modes_book_the_selected_worker(target: Target, mode: str) -> None:
+    workers = [target.add_worker() for _ in range(2)]
+    for worker in workers:
+        target.script_worker(worker, Stall())
+    requests: list[str] = []
+    for _ in range(5):
+        before = loads(target)
+        request = target.submit(Generate(mode))
+        requests.append(request)
+        worker = only_worker(target, request, "SEL-011")
+        expected = {**before, worker: before.get(worker, 0) + 1}
+        after = loads(target)
+        require(
+            "SEL-011",
+            after == expected,
+            f"generate({mode}) reached {worker} and stays open: occupancy went {before} -> "
+            f"{after}, expected {expected}",
+        )
+    release_all(target, workers)
+    for request in requests:
+        outcome = finished(target, request, "SEL-011")
+        require("SEL-011", outcome.error is None, f"{request} ended with {outcome.error}")
+    require(
+        "DSP-011",
+        loads(target) == {},
+        f"every stream ended, yet occupancy is {loads(target)}, expected none",
+    )
