@@ -12,6 +12,7 @@ import math
 
 import attrs
 
+from conformance import oracle
 from routespec.target import (
     Call,
     Direct,
@@ -25,17 +26,7 @@ from routespec.target import (
     WorkerScript,
 )
 
-INHIBITING = frozenset(
-    {
-        "CannotConnect",
-        "Disconnected",
-        "ConnectionTimeout",
-        "ResponseTimeout",
-        "WorkerUnavailable",
-        "Backend(EngineShutdown)",
-        "Backend(StreamIncomplete)",
-    }
-)
+INHIBITING = oracle.INHIBITING_TYPES
 OVERLOAD_LEASE = 1.0
 OCCUPANCY_MODES = frozenset({"power-of-two-choices", "least-loaded", "device-aware-weighted"})
 BUILTIN_MODES = ("round-robin", "random", *sorted(OCCUPANCY_MODES))

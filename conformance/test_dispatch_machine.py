@@ -17,6 +17,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from conformance import oracle
 from conformance.checks import covers, exercised, require
 from conformance.model import BUILTIN_MODES, REFUSED_MODES, Expected, RouterModel, WorkerModel
 from routespec.target import (
@@ -38,23 +39,7 @@ from routespec.target import (
     WorkerScript,
 )
 
-ERROR_LABELS = (
-    None,
-    "InvalidArgument",
-    "CannotConnect",
-    "Disconnected",
-    "ConnectionTimeout",
-    "ResponseTimeout",
-    "Cancelled",
-    "ResourceExhausted",
-    "WorkerOverloaded",
-    "Unavailable",
-    "WorkerUnavailable",
-    "Unknown",
-    "Backend(EngineShutdown)",
-    "Backend(StreamIncomplete)",
-    "Backend(Cancelled)",
-)
+ERROR_LABELS: tuple[str | None, ...] = (None, *oracle.TYPE_LABELS)
 UNKNOWN_WORKER = 999_999
 MAX_WORKERS = 6
 

@@ -15,6 +15,7 @@ import pytest
 from conformance import oracle
 from conformance.checks import RequirementViolation, covers, require, requires
 from conformance.plugin import OpenTarget
+from conformance.scenario import finished, reached
 from routespec.target import (
     Capability,
     Direct,
@@ -55,19 +56,6 @@ def failing(where: str, error: ErrorSpec) -> WorkerScript:
 
 def show(labels: Sequence[str | None]) -> str:
     return " <- ".join(label or "untyped" for label in labels)
-
-
-def finished(target: Target, request_id: str, requirement: str) -> Outcome:
-    outcome = target.outcome(request_id)
-    if outcome is None:
-        raise RequirementViolation(
-            requirement, f"{request_id} is still open; expected its stream to have ended"
-        )
-    return outcome
-
-
-def reached(target: Target, request_id: str) -> list[int]:
-    return [d.worker_id for d in target.dispatch_log() if d.request_id == request_id]
 
 
 def fail_once(target: Target, worker: int, script: WorkerScript, requirement: str) -> Outcome:

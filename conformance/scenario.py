@@ -1,0 +1,52 @@
+"""Helpers shared by the scenario checks: mode parameters and outcome readers."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks import RequirementViolation
+from routespec.target import Capability, Outcome, Target
+
+MODE_CAPABILITY = {
+    "round-robin": Capability.ROUND_ROBIN,
+    "random": Capability.RANDOM,
+    "power-of-two-choices": Capability.POWER_OF_TWO_CHOICES,
+    "least-loaded": Capability.LEAST_LOADED,
+    "device-aware-weighted": Capability.DEVICE_AWARE_WEIGHTED,
+}
+
+OCCUPANCY_MODE_LABELS = ("power-of-two-choices", "least-loaded", "device-aware-weighted")
+
+BUILTIN_MODES = [
+    pytest.param(mode, marks=pytest.mark.requires(cap), id=mode)
+    for mode, cap in MODE_CAPABILITY.items()
+]
+
+OCCUPANCY_MODES = [
+    pytest.param(mode, marks=pytest.mark.requires(MODE_CAPABILITY[mode]), id=mode)
+    for mode in OCCUPANCY_MODE_LABELS
+]
+
+
+def finished(target: Target, request_id: str, requirement: str) -> Outcome:
+    outcome = target.outcome(request_id)
+    if outcome is None:
+        raise RequirementViolation(
+            requirement, f"{request_id} is still open; expected its stream to have ended"
+        )
+    return outcome
+
+
+def reached(target: Target, request_id: str) -> list[int]:
+    return [d.worker_id for d in target.dispatch_log() if d.request_id == request_id]
+
+
+def first_typed(outcome: Outcome | None) -> str | None:
+    if outcome is None or outcome.error is None:
+        return None
+    chain = outcome.error.typed_chain
+    return chain[0] if chain else None
+
+
+def loads(target: Target) -> dict[int, int]:
+    return {worker: count for worker, count in target.occupancy().items() if count}
