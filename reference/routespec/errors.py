@@ -9,7 +9,6 @@ from collections.abc import Iterable, Iterator
 MAX_MESSAGE_BYTES = 4096  # ERR-006
 TRUNCATION_MARKER = "...[truncated]"
 MAX_CHAIN_LINKS = 64  # bounds chain walks even over a cyclic __cause__ graph
-_REASON_PATTERN = re.compile(r"[a-z0-9._-]{1,128}")
 
 
 class ErrorKind(enum.Enum):
@@ -129,13 +128,6 @@ def parse_type_label(label: str) -> ErrorType:
     return ErrorKind(label)
 
 
-def validate_reason(reason: str) -> str:
-    """A reason is 1..128 bytes of ``[a-z0-9._-]`` (ERR-004)."""
-    if not _REASON_PATTERN.fullmatch(reason):
-        raise ValueError(f"reason {reason!r} must be 1..128 characters of [a-z0-9._-] (ERR-004)")
-    return reason
-
-
 def bound_message(message: str) -> str:
     """Truncate a message to at most 4096 UTF-8 bytes, marking the cut (ERR-006)."""
     encoded = message.encode()
@@ -158,12 +150,10 @@ class RoutingError(Exception):
         error_type: ErrorType | None,
         message: str,
         *,
-        reason: str | None = None,
         cause: BaseException | None = None,
     ) -> None:
         self.error_type = error_type
         self.message = bound_message(message)
-        self._reason = None if reason is None else validate_reason(reason)
         super().__init__(self.message)
         if cause is not None:
             self.__cause__ = cause
@@ -178,7 +168,7 @@ class RoutingError(Exception):
         typed = self.first_typed_link()
         if typed is None:
             return UNCLASSIFIED_REASON
-        return typed._reason or default_reason_of(_type_of(typed))
+        return default_reason_of(_type_of(typed))  # ERR-004
 
     def first_typed_link(self) -> RoutingError | None:
         return next((link for link in typed_links(self)), None)

@@ -25,16 +25,6 @@ class RouterMode(enum.Enum):
     LEAST_LOADED = "least-loaded"
     DEVICE_AWARE_WEIGHTED = "device-aware-weighted"
 
-    @property
-    def requires_occupancy(self) -> bool:
-        """Modes that read and book in-flight counts (SEL-011)."""
-        return self in _OCCUPANCY_MODES
-
-
-_OCCUPANCY_MODES = frozenset(
-    {RouterMode.POWER_OF_TWO_CHOICES, RouterMode.LEAST_LOADED, RouterMode.DEVICE_AWARE_WEIGHTED}
-)
-
 
 @attrs.define
 class Selector:
@@ -63,7 +53,7 @@ class Selector:
             chosen = self._least_loaded(free)
         else:
             chosen = self._least_loaded(self._device_group(free))
-        return chosen, self.occupancy.book(chosen)
+        return chosen, self.occupancy.book(chosen)  # SEL-011
 
     def _power_of_two(self, free: Sequence[int]) -> int:
         """Two distinct random candidates; the less loaded wins, a tie keeps the first (SEL-008)."""

@@ -103,15 +103,6 @@ class Stall:
 WorkerScript = Serve | FailBeforeStream | FailMidStream | Stall
 
 
-def script_items(script: WorkerScript) -> int:
-    """How many data items a request served by this script delivers when it runs to its end."""
-    if isinstance(script, Stall):
-        return script.items + script.items_after
-    if isinstance(script, FailBeforeStream):
-        return 0
-    return script.items
-
-
 # --- router calls ---
 
 
