@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from conformance.checks import RequirementViolation
-from routespec.target import Capability, Outcome, Target
+from routespec.target import Capability, ErrorSpec, Outcome, Target
 
 MODE_CAPABILITY = {
     "round-robin": Capability.ROUND_ROBIN,
@@ -50,3 +52,13 @@ def first_typed(outcome: Outcome | None) -> str | None:
 
 def loads(target: Target) -> dict[int, int]:
     return {worker: count for worker, count in target.occupancy().items() if count}
+
+
+def spec_of(chain: Sequence[str | None]) -> ErrorSpec:
+    """The ErrorSpec whose links (outermost first) have the types ``chain``."""
+    spec: ErrorSpec | None = None
+    for depth, label in reversed(list(enumerate(chain))):
+        spec = ErrorSpec(label, f"link {depth}", spec)
+    if spec is None:
+        raise ValueError("a chain has at least one link")
+    return spec

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from conformance import oracle
 from conformance.checks import covers, require, requires
+from conformance.scenario import spec_of
 from routespec.target import (
     Adapter,
     Capability,
@@ -32,16 +33,6 @@ labels = st.sampled_from(oracle.TYPE_LABELS)
 links: st.SearchStrategy[str | None] = st.one_of(st.none(), labels)
 chains = st.lists(links, min_size=1, max_size=8)
 label_sets = st.lists(labels, max_size=5, unique=True)
-
-
-def spec_of(chain: Sequence[str | None]) -> ErrorSpec:
-    """The ErrorSpec whose links (outermost first) have the types ``chain``."""
-    spec: ErrorSpec | None = None
-    for depth, label in reversed(list(enumerate(chain))):
-        spec = ErrorSpec(label, f"link {depth}", spec)
-    if spec is None:
-        raise ValueError("a chain has at least one link")
-    return spec
 
 
 def show(chain: Sequence[str | None]) -> str:

@@ -15,7 +15,7 @@ import pytest
 from conformance import oracle
 from conformance.checks import RequirementViolation, covers, require, requires
 from conformance.plugin import OpenTarget
-from conformance.scenario import finished, reached
+from conformance.scenario import finished, reached, spec_of
 from routespec.target import (
     Capability,
     Direct,
@@ -37,15 +37,6 @@ NEUTRAL_TYPES = [
     for label in oracle.TYPE_LABELS
     if label not in oracle.INHIBITING_TYPES and label != "WorkerOverloaded"
 ]
-
-
-def chain_of(labels: Sequence[str | None]) -> ErrorSpec:
-    spec: ErrorSpec | None = None
-    for depth, label in reversed(list(enumerate(labels))):
-        spec = ErrorSpec(label, f"injected link {depth}", spec)
-    if spec is None:
-        raise ValueError("a chain has at least one link")
-    return spec
 
 
 def failing(where: str, error: ErrorSpec) -> WorkerScript:
@@ -94,7 +85,7 @@ def test_an_inhibiting_error_inhibits_the_worker(
     target: Target, labels: tuple[str | None, ...], where: str
 ) -> None:
     worker, other = target.add_worker(), target.add_worker()
-    fail_once(target, worker, failing(where, chain_of(labels)), "FLT-001")
+    fail_once(target, worker, failing(where, spec_of(labels)), "FLT-001")
     sets = target.worker_sets()
     require(
         "FLT-001",
@@ -301,7 +292,7 @@ def test_worker_overloaded_leases_overload_for_one_second(
     target: Target, labels: tuple[str | None, ...]
 ) -> None:
     worker, other = target.add_worker(), target.add_worker()
-    fail_once(target, worker, FailBeforeStream(chain_of(labels)), "FLT-004")
+    fail_once(target, worker, FailBeforeStream(spec_of(labels)), "FLT-004")
     sets = target.worker_sets()
     require(
         "FLT-004",
@@ -404,7 +395,7 @@ def test_other_errors_leave_the_sets_alone(
 ) -> None:
     worker, _ = target.add_worker(), target.add_worker()
     before = target.worker_sets()
-    fail_once(target, worker, failing(where, chain_of(labels)), "FLT-006")
+    fail_once(target, worker, failing(where, spec_of(labels)), "FLT-006")
     after = target.worker_sets()
     require(
         "FLT-006",
@@ -435,7 +426,7 @@ def test_the_caller_sees_the_error_unchanged(
     target: Target, labels: tuple[str | None, ...], where: str
 ) -> None:
     worker = target.add_worker()
-    outcome = fail_once(target, worker, failing(where, chain_of(labels)), "FLT-007")
+    outcome = fail_once(target, worker, failing(where, spec_of(labels)), "FLT-007")
     assert outcome.error is not None  # fail_once guarantees it
     expected = tuple(oracle.typed(labels))
     require(
