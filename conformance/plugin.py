@@ -98,6 +98,14 @@ class CheckResult:
     duration_s: float
     unexercised: tuple[str, ...] = ()
 
+    def outcome_for(self, requirement_id: str) -> str | None:
+        """What this check says about one of its IDs; None when it says nothing."""
+        if self.outcome == "failed" and self.violated and requirement_id not in self.violated:
+            return None  # it failed on another requirement: no evidence for this one
+        if self.outcome == "passed" and requirement_id in self.unexercised:
+            return "skipped"  # passed without ever evaluating this requirement
+        return self.outcome
+
 
 @attrs.define
 class ConformanceRun:
@@ -117,14 +125,7 @@ class ConformanceRun:
 
     @staticmethod
     def _verdict(rid: str, checks: list[CheckResult]) -> str:
-        outcomes = set()
-        for check in checks:
-            if check.outcome == "failed" and check.violated and rid not in check.violated:
-                continue  # the check failed on another requirement: no evidence for this one
-            if check.outcome == "passed" and rid in check.unexercised:
-                outcomes.add("skipped")  # passed without ever evaluating this requirement
-                continue
-            outcomes.add(check.outcome)
+        outcomes = {check.outcome_for(rid) for check in checks}
         for outcome, verdict in (
             ("failed", "FAIL"),
             ("xfailed", "XFAIL"),
@@ -294,13 +295,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def _note(verdict: str, checks: list[CheckResult], rid: str) -> str:
     relevant = {"FAIL": "failed", "SKIP": "skipped", "XFAIL": "xfailed"}.get(verdict)
-    if verdict == "SKIP" and all(c.outcome == "passed" for c in checks):
-        return "no step of its checks could exercise it with this adapter's capabilities"
     for check in checks:
-        if check.outcome == relevant and (
-            verdict != "FAIL" or not check.violated or rid in check.violated
-        ):
-            return f"{check.check}: {check.detail}"[:160]
+        if check.outcome_for(rid) == relevant:
+            detail = check.detail or "no step could exercise it with this adapter's capabilities"
+            return f"{check.check}: {detail}"[:160]
     return ""
 
 

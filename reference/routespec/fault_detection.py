@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import attrs
-
 from routespec.errors import BackendKind, ErrorKind, ErrorType, match_error_chain
 from routespec.worker_sets import WorkerSets
 
@@ -20,15 +18,12 @@ INHIBITING_TYPES: frozenset[ErrorType] = frozenset(
 )  # FLT-001
 
 
-@attrs.frozen
-class FaultDetector:
-    """Reacts to a worker's failure; never changes the error the caller sees (FLT-007)."""
+def observe_fault(worker_sets: WorkerSets, instance_id: int, error: BaseException) -> None:
+    """React to a worker's failure; the caller still sees the error unchanged (FLT-007).
 
-    worker_sets: WorkerSets
-
-    def observe(self, instance_id: int, error: BaseException) -> None:
-        """Other errors leave the worker sets alone (FLT-006)."""
-        if match_error_chain(error, INHIBITING_TYPES):
-            self.worker_sets.report_instance_down(instance_id)  # FLT-001
-        elif match_error_chain(error, {ErrorKind.WORKER_OVERLOADED}):
-            self.worker_sets.mark_overloaded(instance_id)  # FLT-004
+    Errors with neither an inhibiting type nor WorkerOverloaded change nothing (FLT-006).
+    """
+    if match_error_chain(error, INHIBITING_TYPES):
+        worker_sets.report_instance_down(instance_id)  # FLT-001
+    elif match_error_chain(error, {ErrorKind.WORKER_OVERLOADED}):
+        worker_sets.mark_overloaded(instance_id)  # FLT-004

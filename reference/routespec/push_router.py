@@ -9,7 +9,7 @@ import attrs
 
 from routespec.discovery import Discovery, Instance
 from routespec.errors import ErrorKind, RoutingError
-from routespec.fault_detection import FaultDetector
+from routespec.fault_detection import observe_fault
 from routespec.occupancy import OccupancyTracker, Permit
 from routespec.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
 from routespec.streaming import Annotated, ItemStream, Request, StreamingDispatch
@@ -138,7 +138,9 @@ class PushRouter:
         prepare: Prepare | None,
     ) -> RouterStream:
         try:
-            instance = self._resolve_and_check(target, fallback, permit)
+            instance = self._resolve_and_check(target, fallback)
+            if permit is not None and instance.instance_id != permit.instance_id:
+                permit.retarget(instance.instance_id)  # DSP-012
             prepared = request if prepare is None else prepare(request, instance.instance_id)
             try:  # one send per call: the router never re-sends (DSP-014)
                 stream = await self.transport.generate(instance, prepared)
@@ -151,13 +153,9 @@ class PushRouter:
             raise
         return RouterStream(stream, instance.instance_id, permit, self._observe_fault)
 
-    def _resolve_and_check(
-        self, target: int, fallback: TransportFallback, permit: Permit | None
-    ) -> Instance:
+    def _resolve_and_check(self, target: int, fallback: TransportFallback) -> Instance:
         """Resolve transport, then check overload on the resolved worker (DSP-003, DSP-004)."""
         instance = self._resolve_transport(target, fallback)
-        if permit is not None and instance.instance_id != permit.instance_id:
-            permit.retarget(instance.instance_id)  # DSP-012
         self._check_overload(instance.instance_id)
         return instance
 
@@ -199,7 +197,7 @@ class PushRouter:
 
     def _observe_fault(self, instance_id: int, error: RoutingError) -> None:
         if self.fault_detection:
-            FaultDetector(self.worker_sets).observe(instance_id, error)
+            observe_fault(self.worker_sets, instance_id, error)
 
 
 @attrs.define
