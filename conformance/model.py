@@ -79,6 +79,12 @@ class RouterModel:
     workers: dict[int, WorkerModel] = attrs.field(factory=dict)
     open: dict[str, OpenRequest] = attrs.field(factory=dict)
     round_robin_selections: int = 0
+    # FLT rules this model applied since the last take_applied(); not part of the state.
+    applied: set[str] = attrs.field(factory=set, eq=False)
+
+    def take_applied(self) -> set[str]:
+        taken, self.applied = self.applied, set()
+        return taken
 
     # --- sets (SET-001..004) ---
 
@@ -112,15 +118,30 @@ class RouterModel:
     def report_down(self, worker_id: int) -> None:
         if self.inhibited_duration > 0:
             self.workers[worker_id].inhibited_until = self.now + self.inhibited_duration
+        else:
+            self.applied.add("FLT-003")
+
+    def advance(self, seconds: float) -> None:
+        later = self.now + seconds
+        for worker in self.workers.values():
+            if self.now < worker.inhibited_until <= later:
+                self.applied.add("FLT-002")
+            if self.now < worker.lease_until <= later:
+                self.applied.add("FLT-004")
+        self.now = later
 
     def observe_fault(self, worker_id: int, chain: tuple[str | None, ...]) -> None:
         """FLT-001, FLT-004: fault detection on an error from a resolved worker."""
         if not self.fault_detection:
             return
         if INHIBITING & set(chain):
+            self.applied.add("FLT-001")
             self.report_down(worker_id)
         elif "WorkerOverloaded" in chain:
+            self.applied.add("FLT-004")
             self.workers[worker_id].lease_until = self.now + OVERLOAD_LEASE
+        else:
+            self.applied.add("FLT-006")
 
     def kill(self, worker_id: int) -> list[str]:
         """The worker dies: its open streams end with Disconnected. Returns their ids."""

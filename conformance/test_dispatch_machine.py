@@ -201,7 +201,7 @@ class DispatchMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.25, 0.5, 1.0, 2.0, 5.0]))
     def advance_time(self, seconds: float) -> None:
         self.target.advance_time(seconds)
-        self.model.now += seconds
+        self.model.advance(seconds)
 
     @precondition(lambda self: self.has(Capability.SCRIPT_STALL) and self.model.open)
     @rule(pick=st.integers(0, MAX_WORKERS))
@@ -376,6 +376,9 @@ class DispatchMachine(RuleBasedStateMachine):
             sets.discovered == model.discovered(),
             self.diff("discovered", sets.discovered, model.discovered()),
         )
+        # Compared below (a mismatch names the rule at fault), with the FLT rules the model
+        # applied since the last comparison.
+        exercised("SET-002", "SET-003", *model.take_applied())
         routable = model.routable()
         if sets.routable != routable:
             require(
@@ -421,6 +424,7 @@ class DispatchMachine(RuleBasedStateMachine):
         if self.context is None or not self.has(Capability.OBSERVE_OCCUPANCY):
             return
         observed, expected = dict(self.target.occupancy()), self.model.occupancy()
+        exercised("DSP-011", "SEL-011")
         rule_id = "SEL-011" if sum(observed.values()) < sum(expected.values()) else "DSP-011"
         require(rule_id, observed == expected, f"occupancy {observed}, expected {expected}")
 
