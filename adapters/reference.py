@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 import attrs
 import trio
@@ -18,7 +20,7 @@ from routespec.portal import TrioPortal
 from routespec.push_router import PushRouter, RouterStream
 from routespec.scripted import PREPARED_FOR, ScriptedWorker, build_error
 from routespec.selection import RouterMode
-from routespec.streaming import Request
+from routespec.streaming import InflightGauge, Request, StreamingDispatch
 from routespec.target import (
     Call,
     Capability,
@@ -62,13 +64,66 @@ def chain_from_labels(labels: Sequence[str | None]) -> RoutingError:
     return cause
 
 
-class ReferenceTarget:
-    """The reference PushRouter over in-process scripted workers, inside a ``TrioPortal``."""
+class Cluster(Protocol):
+    """How a target's workers are served: in process, or over TCP."""
 
-    def __init__(self, portal: TrioPortal, config: TargetConfig, router_class: type[PushRouter]):
+    @property
+    def transport(self) -> StreamingDispatch: ...
+    @property
+    def inflight(self) -> InflightGauge: ...
+
+    async def serve(self, worker_id: int, worker: ScriptedWorker) -> str:
+        """Start serving ``worker``; returns its transport address."""
+        ...
+
+    def kill(self, worker_id: int) -> None: ...
+    def announce_removal(self, worker_id: int, removed: bool) -> None: ...
+    def worker_bytes(self, worker_id: int) -> int: ...
+    async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
+
+
+@attrs.define
+class InProcessCluster:
+    transport: InProcessDispatch = attrs.field(factory=InProcessDispatch)
+
+    @property
+    def inflight(self) -> InflightGauge:
+        return self.transport.inflight
+
+    async def serve(self, worker_id: int, worker: ScriptedWorker) -> str:
+        address = f"inproc://worker-{worker_id}"
+        self.transport.serve(address, worker)
+        return address
+
+    def kill(self, worker_id: int) -> None:
+        self.transport.kill(f"inproc://worker-{worker_id}")
+
+    def announce_removal(self, worker_id: int, removed: bool) -> None:
+        raise NotImplementedError("in-process workers have no removal watcher")
+
+    def worker_bytes(self, worker_id: int) -> int:
+        raise NotImplementedError("in-process workers receive objects, not bytes")
+
+    async def send_raw(self, worker_id: int | None, data: bytes) -> None:
+        raise NotImplementedError("in-process workers have no ports")
+
+
+ClusterFactory = Callable[[TrioPortal], Cluster]
+
+
+class ReferenceTarget:
+    """The reference PushRouter over scripted workers, inside a ``TrioPortal``."""
+
+    def __init__(
+        self,
+        portal: TrioPortal,
+        config: TargetConfig,
+        router_class: type[PushRouter],
+        cluster: Cluster,
+    ):
         self._portal = portal
         self._discovery = MemoryDiscovery()
-        self._transport = InProcessDispatch()
+        self._cluster = cluster
         self._workers: dict[int, ScriptedWorker] = {}
         self._log: list[Delivery] = []
         self._outcomes: dict[str, Outcome] = {}
@@ -80,7 +135,7 @@ class ReferenceTarget:
             return router_class.create(
                 ENDPOINT,
                 self._discovery,
-                self._transport,
+                cluster.transport,
                 inhibited_duration=config.inhibited_duration,
                 fault_detection=config.fault_detection,
                 rng=random.Random(config.seed),
@@ -93,25 +148,32 @@ class ReferenceTarget:
 
     def add_worker(self, *, device: str = "cuda") -> int:
         worker_id = next(self._ids)
-        address = f"inproc://worker-{worker_id}"
         worker = ScriptedWorker(worker_id, self._log)
         self._workers[worker_id] = worker
 
-        def register() -> None:
+        async def register() -> None:
+            address = await self._cluster.serve(worker_id, worker)
             self._discovery.register(Instance(worker_id, ENDPOINT, address, device))
-            self._transport.serve(address, worker)
 
-        self._sync(register)
+        self._portal.call(register)
         return worker_id
 
     def remove_worker(self, worker_id: int) -> None:
-        self._sync(lambda: self._discovery.deregister(worker_id))
+        def remove() -> None:
+            self._discovery.deregister(worker_id)
+            with contextlib.suppress(NotImplementedError):
+                self._cluster.announce_removal(worker_id, True)
+
+        self._sync(remove)
 
     def kill_worker(self, worker_id: int) -> None:
-        self._sync(lambda: self._transport.kill(f"inproc://worker-{worker_id}"))
+        self._sync(lambda: self._cluster.kill(worker_id))
 
     def vanish_worker(self, worker_id: int) -> None:
         self._sync(lambda: self._discovery.withdraw(worker_id))
+
+    def announce_removal(self, worker_id: int, removed: bool) -> None:
+        self._sync(lambda: self._cluster.announce_removal(worker_id, removed))
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
         def assign() -> None:
@@ -133,9 +195,9 @@ class ReferenceTarget:
 
     # router operations
 
-    def submit(self, call: Call) -> str:
+    def submit(self, call: Call, metadata: Mapping[str, str] | None = None) -> str:
         request_id = f"req-{next(self._request_numbers)}"
-        request = Request(request_id, {"call": repr(call)})
+        request = Request(request_id, {"call": repr(call)}, dict(metadata or {}))
         self._portal.start_soon(lambda: self._run(request, call))
         return request_id
 
@@ -196,6 +258,15 @@ class ReferenceTarget:
     def occupancy(self) -> Mapping[int, int]:
         return self._router.occupancy.snapshot()
 
+    def transport_inflight(self) -> int:
+        return self._cluster.inflight.count
+
+    def worker_bytes(self, worker_id: int) -> int:
+        return self._cluster.worker_bytes(worker_id)
+
+    def send_raw(self, worker_id: int | None, data: bytes) -> None:
+        self._portal.call(lambda: self._cluster.send_raw(worker_id, data))
+
     # the error model
 
     def match_error_chain(
@@ -223,20 +294,36 @@ class ReferenceTarget:
         self._portal.call(run)
 
 
+WIRE_ONLY = frozenset(
+    {
+        Capability.SCRIPT_WIRE_FAULTS,
+        Capability.ANNOUNCE_REMOVAL,
+        Capability.KILL_WORKER_PROCESS,
+        Capability.OBSERVE_WORKER_BYTES,
+        Capability.WIRE_TRANSPORT,
+    }
+)
+
+
+def in_process_cluster(portal: TrioPortal) -> Cluster:
+    return InProcessCluster()
+
+
 @attrs.frozen
 class ReferenceAdapter:
     """Opens ``ReferenceTarget``s; mutants pass a broken ``router_class``."""
 
     name: str = "reference"
     router_class: type[PushRouter] = PushRouter
-    capabilities: frozenset[Capability] = frozenset(Capability)
+    capabilities: frozenset[Capability] = frozenset(Capability) - WIRE_ONLY
     expected_failures: Mapping[str, str] = attrs.field(factory=dict)
+    cluster: ClusterFactory = in_process_cluster
 
     @contextmanager
     def open(self, config: TargetConfig) -> Iterator[Target]:
         portal = TrioPortal()
         try:
-            yield ReferenceTarget(portal, config, self.router_class)
+            yield ReferenceTarget(portal, config, self.router_class, self.cluster(portal))
         finally:
             portal.close()
 

@@ -21,6 +21,7 @@ from routespec.target import (
     FailMidStream,
     Generate,
     Preselected,
+    Reject,
     Serve,
     Stall,
     WorkerScript,
@@ -270,10 +271,16 @@ class RouterModel:
         request_id: str,
         because: tuple[str, ...],
     ) -> Expected:
+        if isinstance(script, Reject):
+            rejected = (oracle.REJECTION_TYPES[script.overloaded],)
+            self.observe_fault(worker_id, rejected)
+            return Expected(worker_id, rejected[0], True, 0, False, rejected, (*because, "TRN-004"))
         if isinstance(script, FailBeforeStream):
-            chain = tuple(link.type for link in script.error.chain())
+            chain = oracle.pre_stream_chain([link.type for link in script.error.chain()])
             self.observe_fault(worker_id, chain)
-            return Expected(worker_id, chain[0] or "untyped", True, 0, False, chain, because)
+            return Expected(
+                worker_id, "CannotConnect", True, 0, False, chain, (*because, "TRN-005")
+            )
         if isinstance(script, FailMidStream):
             chain = tuple(link.type for link in script.error.chain())
             self.observe_fault(worker_id, chain)
@@ -282,6 +289,7 @@ class RouterModel:
         if isinstance(script, Stall):
             self.open[request_id] = OpenRequest(worker_id, script, booked)
             return Expected(worker_id, None, False, script.items, True, None, because)
+        assert isinstance(script, Serve), "wire faults are checked by scenarios, not the model"
         return Expected(worker_id, None, False, script.items, False, None, because)
 
 

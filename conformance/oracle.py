@@ -144,6 +144,24 @@ INHIBITING_TYPES: frozenset[str] = frozenset(
     }
 )
 
+# --- migration-sensitive types (spec/transport.md TRN-005, shared with MIG) ---
+
+MIGRATION_SENSITIVE_TYPES: frozenset[str] = frozenset(
+    {"Cancelled", "ResourceExhausted", backend("Cancelled")}
+)
+
+
+def pre_stream_chain(worker_chain: Sequence[str | None]) -> tuple[str | None, ...]:
+    """What a caller sees when a worker fails before its first item (TRN-005): an outer
+    CannotConnect, with the worker's chain as cause only when no link is sensitive."""
+    if any(label in MIGRATION_SENSITIVE_TYPES for label in worker_chain):
+        return ("CannotConnect",)
+    return ("CannotConnect", *worker_chain)
+
+
+REJECTION_TYPES = {True: "WorkerOverloaded", False: "WorkerUnavailable"}
+"""The error a rejection ACK becomes, by ``Reject.overloaded`` (TRN-004)."""
+
 # --- the rules ---
 
 

@@ -32,6 +32,7 @@ from routespec.target import (
     Generate,
     Outcome,
     Preselected,
+    Reject,
     Serve,
     Stall,
     Target,
@@ -54,6 +55,7 @@ scripts: st.SearchStrategy[WorkerScript] = st.one_of(
     st.builds(FailBeforeStream, error_specs),
     st.builds(FailMidStream, st.integers(0, 2), error_specs),
     st.builds(Stall, st.integers(0, 2), st.integers(0, 2)),
+    st.builds(Reject, st.booleans()),
 )
 
 
@@ -62,6 +64,8 @@ def _script_capability(script: WorkerScript) -> Capability | None:
         return Capability.SCRIPT_STALL
     if isinstance(script, FailBeforeStream | FailMidStream):
         return Capability.SCRIPT_FAILURES
+    if isinstance(script, Reject):
+        return Capability.SCRIPT_REJECTION
     return None
 
 

@@ -33,6 +33,7 @@ from routespec.target import (
     Generate,
     Outcome,
     Preselected,
+    Reject,
     Serve,
     Stall,
     Target,
@@ -196,12 +197,12 @@ def test_an_overloaded_target_is_worker_overloaded(target: Target) -> None:
 @covers("DSP-004")
 @requires(
     Capability.DIRECT,
-    Capability.SCRIPT_FAILURES,
+    Capability.SCRIPT_REJECTION,
     Capability.MOCK_CLOCK,
 )
 def test_a_leased_target_is_worker_overloaded(target: Target) -> None:
     worker = target.add_worker()
-    target.script_worker(worker, FailBeforeStream(ErrorSpec("WorkerOverloaded")))
+    target.script_worker(worker, Reject(overloaded=True))
     target.submit(Direct(worker))
     target.script_worker(worker, Serve())
     target.advance_time(0.5)
@@ -428,6 +429,7 @@ def test_prepare_sees_the_selected_worker(target: Target, mode: str) -> None:
     Capability.OBSERVE_OCCUPANCY,
     Capability.MARK_OVERLOADED,
     Capability.VANISH_WORKER,
+    Capability.MOCK_CLOCK,
 )
 @pytest.mark.parametrize(
     "call_kind",
@@ -467,6 +469,7 @@ def test_permits_are_released_exactly_once(target: Target, call_kind: str) -> No
     target.script_worker(worker, FailBeforeStream(ErrorSpec("Cancelled")))
     target.submit(call(worker))
     after("a failure before the stream", {worker: 1})
+    target.advance_time(5.0)  # the failure inhibited the worker (TRN-005: CannotConnect)
 
     target.script_worker(worker, Stall(items=1))
     dropped = target.submit(call(worker))
@@ -629,7 +632,10 @@ ONE_DELIVERY_CALLS = [
     "label", ["CannotConnect", "Disconnected", "WorkerOverloaded", "ResourceExhausted"]
 )
 def test_a_failed_dispatch_is_not_resent(target: Target, kind: str, label: str) -> None:
-    """Every worker fails before the stream with an error that invites a retry elsewhere."""
+    """Every worker fails before the stream with an error that invites a retry elsewhere.
+
+    The caller sees the transport's pre-stream failure (TRN-005), whose outer type is
+    CannotConnect whatever the worker's error was."""
     workers = [target.add_worker() for _ in range(3)]
     for worker in workers:
         target.script_worker(worker, FailBeforeStream(ErrorSpec(label)))
@@ -647,7 +653,7 @@ def test_a_failed_dispatch_is_not_resent(target: Target, kind: str, label: str) 
     delivered = reached(target, request)
     require(
         "DSP-014",
-        len(delivered) == 1 and first_typed(outcome) == label,
+        len(delivered) == 1 and first_typed(outcome) == oracle.pre_stream_chain([label])[0],
         f"{call} with every worker failing {label} reached {delivered} and ended {outcome}; "
         "expected exactly one delivery and that failure",
     )
@@ -822,14 +828,14 @@ def test_overloaded_follows_monitor_verdicts(target: Target) -> None:
     Capability.OBSERVE_WORKER_SETS,
     Capability.MARK_OVERLOADED,
     Capability.DIRECT,
-    Capability.SCRIPT_FAILURES,
+    Capability.SCRIPT_REJECTION,
     Capability.MOCK_CLOCK,
     Capability.REPORT_DOWN,
 )
 def test_overloaded_is_verdicts_plus_leases(target: Target) -> None:
     marked, leased, inhibited, idle = (target.add_worker() for _ in range(4))
     target.mark_overloaded(marked, True)
-    target.script_worker(leased, FailBeforeStream(ErrorSpec("WorkerOverloaded")))
+    target.script_worker(leased, Reject(overloaded=True))
     target.submit(Direct(leased))
     target.report_down(inhibited)
     target.mark_overloaded(inhibited, True)

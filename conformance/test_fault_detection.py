@@ -292,7 +292,7 @@ def test_worker_overloaded_leases_overload_for_one_second(
     target: Target, labels: tuple[str | None, ...]
 ) -> None:
     worker, other = target.add_worker(), target.add_worker()
-    fail_once(target, worker, FailBeforeStream(spec_of(labels)), "FLT-004")
+    fail_once(target, worker, FailMidStream(0, spec_of(labels)), "FLT-004")
     sets = target.worker_sets()
     require(
         "FLT-004",
@@ -325,7 +325,7 @@ def test_worker_overloaded_leases_overload_for_one_second(
 )
 def test_a_monitor_verdict_outlives_the_lease(target: Target) -> None:
     worker = target.add_worker()
-    fail_once(target, worker, FailBeforeStream(ErrorSpec("WorkerOverloaded")), "FLT-004")
+    fail_once(target, worker, FailMidStream(0, ErrorSpec("WorkerOverloaded")), "FLT-004")
     target.mark_overloaded(worker, True)
     target.advance_time(2.0)
     require(
@@ -388,7 +388,7 @@ NEUTRAL_CHAINS = [pytest.param((label,), id=label) for label in NEUTRAL_TYPES] +
     Capability.SCRIPT_FAILURES,
     Capability.OBSERVE_WORKER_SETS,
 )
-@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("where", ["stream-item"])  # before the stream, TRN-005 applies
 @pytest.mark.parametrize("labels", NEUTRAL_CHAINS)
 def test_other_errors_leave_the_sets_alone(
     target: Target, labels: tuple[str | None, ...], where: str
@@ -428,7 +428,8 @@ def test_the_caller_sees_the_error_unchanged(
     worker = target.add_worker()
     outcome = fail_once(target, worker, failing(where, spec_of(labels)), "FLT-007")
     assert outcome.error is not None  # fail_once guarantees it
-    expected = tuple(oracle.typed(labels))
+    seen = oracle.pre_stream_chain(labels) if where == "before-stream" else labels
+    expected = tuple(oracle.typed(seen))
     require(
         "FLT-007",
         outcome.error.typed_chain == expected,

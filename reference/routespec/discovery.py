@@ -15,6 +15,7 @@ class Instance:
     endpoint: str
     address: str
     device_type: str = "cuda"
+    payload_codec: str = "msgpack"
 
 
 class Discovery(Protocol):

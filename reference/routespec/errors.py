@@ -208,6 +208,31 @@ def chain_types(error: BaseException) -> tuple[ErrorType, ...]:
     return tuple(_type_of(link) for link in typed_links(error))
 
 
+MIGRATION_BLOCKING_TYPES: frozenset[ErrorType] = frozenset(
+    {ErrorKind.CANCELLED, ErrorKind.RESOURCE_EXHAUSTED, BackendKind.CANCELLED}
+)
+"""Types that veto migration wherever they appear in a chain. The transport withholds such a
+cause from a pre-stream failure (TRN-005); migration refuses to retry them. One definition."""
+
+
+def is_migration_sensitive(error: BaseException) -> bool:
+    """True when any typed link of the chain has a migration-blocking type."""
+    return any(error_type in MIGRATION_BLOCKING_TYPES for error_type in chain_types(error))
+
+
+def type_of_reason(reason: object) -> ErrorType | None:
+    """The type whose default reason is ``reason``: how a link that names only a reason
+    (a newer runtime's canonical class) keeps its meaning."""
+    return _TYPE_OF_REASON.get(reason) if isinstance(reason, str) else None
+
+
+_TYPE_OF_REASON: dict[str, ErrorType] = {
+    default_reason_of(error_type): error_type
+    for error_type in (*BackendKind, *ErrorKind)
+    if error_type is not ErrorKind.UNKNOWN
+}
+
+
 def match_error_chain(
     error: BaseException, include: Iterable[ErrorType], exclude: Iterable[ErrorType] = ()
 ) -> bool:

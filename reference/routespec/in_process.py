@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol
 
 import attrs
 import trio
 
 from routespec.discovery import Instance
 from routespec.errors import ErrorKind, RoutingError
-from routespec.streaming import Annotated, Request
-
-STREAM_ENDED_EARLY = "Stream ended before generation completed"
-
-
-class WorkerHandler(Protocol):
-    """A worker. ``start`` raising is a failure before the stream; the iterator raising
-    ``RoutingError`` is an error item."""
-
-    async def start(self, request: Request) -> AsyncGenerator[object, None]: ...
+from routespec.streaming import (
+    STREAM_ENDED_EARLY,
+    Annotated,
+    InflightGauge,
+    InflightSlot,
+    Request,
+    WorkerHandler,
+    pre_stream_failure,
+)
 
 
 @attrs.define
@@ -29,6 +27,7 @@ class InProcessDispatch:
 
     _handlers: dict[str, WorkerHandler] = attrs.field(factory=dict)
     _open: dict[str, set[InProcessStream]] = attrs.field(factory=dict)
+    inflight: InflightGauge = attrs.field(factory=InflightGauge)
 
     def serve(self, address: str, handler: WorkerHandler) -> None:
         self._handlers[address] = handler
@@ -40,14 +39,26 @@ class InProcessDispatch:
             stream.sever()
 
     async def generate(self, instance: Instance, request: Request) -> InProcessStream:
-        await trio.lowlevel.checkpoint()
-        handler = self._handlers.get(instance.address)
-        if handler is None:
-            raise RoutingError(
-                ErrorKind.CANNOT_CONNECT, f"connection to {instance.address} refused"
-            )
-        items = await handler.start(request)
-        stream = InProcessStream(items, self._open[instance.address])
+        slot = self.inflight.open_slot()
+        try:
+            await trio.lowlevel.checkpoint()
+            handler = self._handlers.get(instance.address)
+            if handler is None:
+                raise RoutingError(
+                    ErrorKind.CANNOT_CONNECT, f"connection to {instance.address} refused"
+                )
+            rejection = handler.admit(request)
+            if rejection is not None:
+                raise rejection.to_error()  # TRN-004
+            try:
+                items = await handler.start(request)
+            except RoutingError as worker_error:
+                failure = pre_stream_failure(worker_error)  # TRN-005
+                raise failure from failure.__cause__
+        except BaseException:
+            slot.close()
+            raise
+        stream = InProcessStream(items, self._open[instance.address], slot)
         self._open[instance.address].add(stream)
         return stream
 
@@ -56,6 +67,7 @@ class InProcessDispatch:
 class InProcessStream:
     _items: AsyncGenerator[object, None]
     _registry: set[InProcessStream]
+    _slot: InflightSlot
     _read_scope: trio.CancelScope | None = None
     _severed: bool = False
     _done: bool = False
@@ -92,3 +104,4 @@ class InProcessStream:
     def _finish(self) -> None:
         self._done = True
         self._registry.discard(self)
+        self._slot.close()

@@ -62,12 +62,17 @@ class TrioPortal:
 
         return trio.from_thread.run(settled, trio_token=self._token)
 
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The run's nursery, for long-lived background tasks (servers)."""
+        assert self._nursery is not None
+        return self._nursery
+
     def start_soon(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Start a background task in the run's nursery and let it settle."""
 
         async def spawn() -> None:
-            assert self._nursery is not None
-            self._nursery.start_soon(fn)
+            self.nursery.start_soon(fn)
 
         self.call(spawn)
 

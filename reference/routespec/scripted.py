@@ -8,14 +8,17 @@ import attrs
 import trio
 
 from routespec.errors import RoutingError, parse_type_label
-from routespec.streaming import Request
+from routespec.streaming import Rejection, RejectionKind, Request
 from routespec.target import (
     Delivery,
     ErrorSpec,
     FailBeforeStream,
     FailMidStream,
+    Misbehave,
+    Reject,
     Serve,
     Stall,
+    WireFault,
     WorkerScript,
 )
 
@@ -28,6 +31,13 @@ def build_error(spec: ErrorSpec) -> RoutingError:
     cause = None if spec.cause is None else build_error(spec.cause)
     error_type = None if spec.type is None else parse_type_label(spec.type)
     return RoutingError(error_type, spec.message, cause=cause)
+
+
+@attrs.frozen
+class WireFaultMarker:
+    """Yielded in place of an item: a drill server commits ``fault`` on the wire here."""
+
+    fault: WireFault
 
 
 @attrs.define
@@ -43,26 +53,34 @@ class ScriptedWorker:
         self._release.set()
         self._release = trio.Event()
 
-    async def start(self, request: Request) -> AsyncGenerator[object, None]:
+    def admit(self, request: Request) -> Rejection | None:
+        """Every request that reaches the worker is logged, admitted or not."""
         prepared = request.annotations.get(PREPARED_FOR)
         self.log.append(
             Delivery(
                 request.request_id, self.worker_id, None if prepared is None else int(prepared)
             )
         )
+        if isinstance(self.script, Reject):
+            kind = RejectionKind.OVERLOADED if self.script.overloaded else RejectionKind.UNAVAILABLE
+            return Rejection(kind, self.script.message)
+        return None
+
+    async def start(self, request: Request) -> AsyncGenerator[object, None]:
         script = self.script
         if isinstance(script, FailBeforeStream):
             raise build_error(script.error)
         return self._items(request.request_id, script, self._release)
 
     async def _items(
-        self, request_id: str, script: Serve | FailMidStream | Stall, release: trio.Event
+        self, request_id: str, script: WorkerScript, release: trio.Event
     ) -> AsyncGenerator[object, None]:
-        index = 0
-        for index in range(script.items):
+        for index in range(getattr(script, "items", 0)):
             yield self._item(request_id, index)
         if isinstance(script, FailMidStream):
             raise build_error(script.error)
+        if isinstance(script, Misbehave):
+            yield WireFaultMarker(script.fault)
         if isinstance(script, Stall):
             await release.wait()
             for after in range(script.items_after):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import enum
+from collections.abc import AsyncGenerator, Mapping
 from typing import Protocol
 
 import attrs
 
 from routespec.discovery import Instance
-from routespec.errors import RoutingError
+from routespec.errors import ErrorKind, RoutingError, is_migration_sensitive
+
+STREAM_ENDED_EARLY = "Stream ended before generation completed"
+PRE_STREAM_FAILURE = "Worker generate() failed before response stream: "
 
 
 @attrs.frozen
@@ -50,3 +54,73 @@ class StreamingDispatch(Protocol):
     """
 
     async def generate(self, instance: Instance, request: Request) -> ItemStream: ...
+
+
+class RejectionKind(enum.Enum):
+    """Why a worker refuses a request at its door; the ACK text starts with the prefix."""
+
+    OVERLOADED = "Server overloaded:"
+    UNAVAILABLE = "Server unavailable:"
+
+
+@attrs.frozen
+class Rejection:
+    kind: RejectionKind
+    message: str
+
+    def ack_text(self) -> str:
+        return f"{self.kind.value} {self.message}"
+
+    def to_error(self) -> RoutingError:
+        """``WorkerOverloaded`` or ``WorkerUnavailable``, carrying the worker's text (TRN-004)."""
+        if self.kind is RejectionKind.OVERLOADED:
+            return RoutingError(ErrorKind.WORKER_OVERLOADED, self.ack_text())
+        return RoutingError(ErrorKind.WORKER_UNAVAILABLE, self.ack_text())
+
+
+class WorkerHandler(Protocol):
+    """A worker as both transports serve it.
+
+    ``admit`` answers at the door (None = accepted). ``start`` raising ``RoutingError`` is a
+    failure before the response stream; the iterator raising ``RoutingError`` is an error item.
+    """
+
+    def admit(self, request: Request) -> Rejection | None: ...
+
+    async def start(self, request: Request) -> AsyncGenerator[object, None]: ...
+
+
+def pre_stream_failure(worker_error: RoutingError) -> RoutingError:
+    """What the caller sees when a worker fails before its first item (TRN-005).
+
+    The outer error is always ``CannotConnect`` (the request may go elsewhere); the worker's
+    typed error is attached as the cause only when no link of it is migration-sensitive, so
+    a cause such as ``Cancelled`` can never veto or leak through this path (TRN-006). Its
+    text stays.
+    """
+    message = PRE_STREAM_FAILURE + str(worker_error)
+    cause = None if is_migration_sensitive(worker_error) else worker_error
+    return RoutingError(ErrorKind.CANNOT_CONNECT, message, cause=cause)
+
+
+@attrs.define
+class InflightGauge:
+    """Dispatches between the start of ``generate`` and the end of their stream (TRN-015)."""
+
+    count: int = 0
+
+    def open_slot(self) -> InflightSlot:
+        self.count += 1
+        return InflightSlot(self)
+
+
+@attrs.define(eq=False)
+class InflightSlot:
+    _gauge: InflightGauge
+    _open: bool = True
+
+    def close(self) -> None:
+        """Idempotent: every path that ends a dispatch may call it."""
+        if self._open:
+            self._open = False
+            self._gauge.count -= 1

@@ -37,6 +37,13 @@ class Capability(enum.Enum):
     DEVICE_TYPES = "cluster:device-types"
     SCRIPT_FAILURES = "worker:script-failures"
     SCRIPT_STALL = "worker:script-stall"
+    SCRIPT_REJECTION = "worker:script-rejection"
+    SCRIPT_WIRE_FAULTS = "worker:script-wire-faults"
+    ANNOUNCE_REMOVAL = "cluster:announce-removal"
+    KILL_WORKER_PROCESS = "cluster:kill-worker-process"
+    OBSERVE_INFLIGHT = "observe:transport-inflight"
+    OBSERVE_WORKER_BYTES = "observe:worker-bytes"
+    WIRE_TRANSPORT = "transport:dynamo-wire"
     MOCK_CLOCK = "time:mock-clock"
     CONFIGURE_INHIBITION = "config:inhibited-duration"
     OBSERVE_WORKER_SETS = "observe:worker-sets"
@@ -100,7 +107,34 @@ class Stall:
     items_after: int = 1
 
 
-WorkerScript = Serve | FailBeforeStream | FailMidStream | Stall
+@attrs.frozen
+class Reject:
+    """Refuse at the door: the worker's ACK reads ``Server overloaded: …`` (``overloaded``)
+    or ``Server unavailable: …``."""
+
+    overloaded: bool = True
+    message: str = "injected"
+
+
+class WireFault(enum.Enum):
+    """Ways a worker can break the response-stream protocol (wire targets only)."""
+
+    EOF_BEFORE_FINAL = "eof-before-final"
+    FRAME_AFTER_FINAL = "frame-after-final"
+    EMPTY_FRAME = "empty-frame"
+    GARBLED_FRAME = "garbled-frame"
+    NO_CALL_HOME = "no-call-home"  # ACK the request, never open its response stream
+
+
+@attrs.frozen
+class Misbehave:
+    """Yield ``items`` data items, then commit ``fault`` on the wire."""
+
+    items: int
+    fault: WireFault
+
+
+WorkerScript = Serve | FailBeforeStream | FailMidStream | Stall | Reject | Misbehave
 
 
 # --- router calls ---
@@ -212,6 +246,11 @@ class Target(Protocol):
         """The worker's transport record disappears while the router still lists it."""
         ...
 
+    def announce_removal(self, worker_id: int, removed: bool) -> None:
+        """Discovery's watcher tells the transport the worker was removed (or added back)
+        while the router's cached list still lists it (Capability.ANNOUNCE_REMOVAL)."""
+        ...
+
     def script_worker(self, worker_id: int, script: WorkerScript) -> None: ...
     def release_stalled(self, worker_id: int) -> None: ...
     def mark_overloaded(self, worker_id: int, overloaded: bool) -> None: ...
@@ -219,8 +258,10 @@ class Target(Protocol):
     def advance_time(self, seconds: float) -> None: ...
 
     # router operations
-    def submit(self, call: Call) -> str:
-        """Start a request and return its id once it has settled (finished, or stalled)."""
+    def submit(self, call: Call, metadata: Mapping[str, str] | None = None) -> str:
+        """Start a request and return its id once it has settled (finished, or stalled).
+
+        ``metadata`` travels with the request (on Dynamo's wire: the control message)."""
         ...
 
     def outcome(self, request_id: str) -> Outcome | None:
@@ -235,6 +276,18 @@ class Target(Protocol):
     def dispatch_log(self) -> Sequence[Delivery]: ...
     def worker_sets(self) -> WorkerSetsView: ...
     def occupancy(self) -> Mapping[int, int]: ...
+    def transport_inflight(self) -> int:
+        """Dispatches the transport counts as in flight (Capability.OBSERVE_INFLIGHT)."""
+        ...
+
+    def worker_bytes(self, worker_id: int) -> int:
+        """Request-plane bytes the worker has received (Capability.OBSERVE_WORKER_BYTES)."""
+        ...
+
+    def send_raw(self, worker_id: int | None, data: bytes) -> None:
+        """Open a connection to the worker's request-plane port (or, for None, the router's
+        response-stream port), write ``data``, close it (Capability.WIRE_TRANSPORT)."""
+        ...
 
     # the error model as a library (Capability.ERROR_MODEL)
     def match_error_chain(

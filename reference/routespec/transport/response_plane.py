@@ -1,0 +1,104 @@
+"""The caller's response-stream server: workers dial in and are matched to registrations.
+
+A registration is made before the request is written (TRN-001, TRN-014). A worker's connection
+names its registration in the handshake frame; an unknown or late subject is closed.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import trio
+
+from routespec.errors import ErrorKind, RoutingError
+from routespec.transport.codecs import decode_json
+from routespec.transport.connection import FramedConnection
+from routespec.transport.frames import MAX_CONTROL_BYTES, WireProtocolError
+
+HANDSHAKE_TIMEOUT = 10.0
+NOT_ESTABLISHED = "Worker disconnected before response stream was established"
+
+
+class PendingStream:
+    """A registered response stream, waiting for its worker to dial in."""
+
+    def __init__(self, plane: ResponsePlane, subject: str, instance_id: int, address: str):
+        self.subject = subject
+        self.instance_id = instance_id
+        self.address = address  # the worker's request-plane host:port
+        self._plane = plane
+        self._arrived = trio.Event()
+        self._connection: FramedConnection | None = None
+        self._failure: RoutingError | None = None
+
+    def connect(self, connection: FramedConnection) -> bool:
+        if self._arrived.is_set():
+            return False
+        self._connection = connection
+        self._arrived.set()
+        return True
+
+    def fail(self, failure: RoutingError) -> None:
+        if not self._arrived.is_set():
+            self._failure = failure
+            self._arrived.set()
+
+    async def wait(self) -> FramedConnection:
+        await self._arrived.wait()
+        self._plane.forget(self)
+        if self._connection is None:
+            assert self._failure is not None
+            raise self._failure
+        return self._connection
+
+    def drop(self) -> FramedConnection | None:
+        """Unregister; returns a connection that arrived but was never taken."""
+        self._plane.forget(self)
+        self.fail(RoutingError(ErrorKind.CANCELLED, "registration dropped"))
+        return self._connection
+
+
+class ResponsePlane:
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.address = ""
+        self._pending: dict[str, PendingStream] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host=self.host)
+        self.address = f"{self.host}:{listeners[0].socket.getsockname()[1]}"
+        task_status.started()
+        await trio.serve_listeners(self._accept, listeners)
+
+    def register(self, instance_id: int, address: str) -> PendingStream:
+        pending = PendingStream(self, uuid.uuid4().hex, instance_id, address)
+        self._pending[pending.subject] = pending
+        return pending
+
+    def forget(self, pending: PendingStream) -> None:
+        self._pending.pop(pending.subject, None)
+
+    def fail_where(
+        self, failure: RoutingError, *, instance_id: int | None = None, address: str | None = None
+    ) -> None:
+        """Fail every pending registration for an instance or a worker address."""
+        for pending in list(self._pending.values()):
+            if pending.instance_id == instance_id or pending.address == address:
+                self.forget(pending)
+                pending.fail(failure)
+
+    async def _accept(self, stream: trio.SocketStream) -> None:
+        connection = FramedConnection(stream)
+        pending = None
+        with trio.move_on_after(HANDSHAKE_TIMEOUT):
+            try:
+                frame = await connection.read_two_part(MAX_CONTROL_BYTES)
+                handshake = decode_json(frame.header, "handshake") if frame else None
+            except (WireProtocolError, trio.BrokenResourceError, OSError):
+                handshake = None
+            if isinstance(handshake, dict):
+                pending = self._pending.pop(str(handshake.get("subject")), None)
+        if pending is None or not pending.connect(connection):
+            await stream.aclose()
+            return
+        await connection.closed.wait()  # the server closes the stream when this returns

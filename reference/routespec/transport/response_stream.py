@@ -1,0 +1,107 @@
+"""Decoding a call-home response stream into items (TRN-007 … TRN-011, TRN-016, TRN-017)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import trio
+
+from routespec.errors import ErrorKind, RoutingError
+from routespec.streaming import STREAM_ENDED_EARLY, Annotated, InflightSlot
+from routespec.transport.codecs import PayloadCodec, encode_json
+from routespec.transport.connection import FramedConnection
+from routespec.transport.frames import TwoPart, WireProtocolError
+from routespec.transport.wire_errors import decode_error
+from routespec.transport.worker_server import CONNECTION_ERRORS, KILL, SENTINEL
+
+AFTER_FINAL = "Response received after generation ended"
+EMPTY_RESPONSE = "Empty response received"
+SENTINEL_WAIT = 5.0  # how long to wait for the sentinel after complete_final
+
+
+class TcpResponseStream:
+    """Frames in, ``Annotated`` items out. Never hangs past the worker's close and never ends
+    silently before ``complete_final`` (unless the caller stopped it)."""
+
+    def __init__(self, connection: FramedConnection, codec: PayloadCodec, slot: InflightSlot):
+        self._connection = connection
+        self._codec = codec
+        self._slot = slot
+        self._final_seen = False
+        self._done = False
+
+    def __aiter__(self) -> TcpResponseStream:
+        return self
+
+    async def __anext__(self) -> Annotated:
+        while not self._done:
+            item = await self._next_item()
+            if item is not None:
+                return item
+        raise StopAsyncIteration
+
+    async def _next_item(self) -> Annotated | None:
+        """One frame's worth: an item, or None when the frame carried none."""
+        try:
+            if self._final_seen:
+                with trio.move_on_after(SENTINEL_WAIT):
+                    frame = await self._connection.read_two_part()
+                    return await self._after_final(frame)
+                return await self._end()
+            frame = await self._connection.read_two_part()
+        except WireProtocolError as error:
+            return await self._end(RoutingError(None, f"malformed response frame: {error}"))
+        except CONNECTION_ERRORS:
+            frame = None
+        if frame is None:  # EOF before complete_final (TRN-008, TRN-016)
+            return await self._end(RoutingError(ErrorKind.DISCONNECTED, STREAM_ENDED_EARLY))
+        return await self._decode(frame)
+
+    async def _decode(self, frame: TwoPart) -> Annotated | None:
+        if frame.header:
+            return await self._end(RoutingError(None, "unexpected control frame in stream"))
+        try:
+            wrapper = self._codec.decode(frame.body, "response.frame")
+        except WireProtocolError as error:
+            return Annotated(error=RoutingError(None, f"failed to decode response: {error}"))
+        if not isinstance(wrapper, dict):
+            return Annotated(error=RoutingError(None, "response frame is not a map"))
+        data = wrapper.get("data")
+        if data is None:
+            if wrapper.get("complete_final") is True:
+                self._final_seen = True  # TRN-007
+                return None
+            return Annotated(error=RoutingError(None, EMPTY_RESPONSE))  # TRN-010
+        return _annotated(data)
+
+    async def _after_final(self, frame: TwoPart | None) -> Annotated | None:
+        if frame is None or frame.header == SENTINEL:
+            return await self._end()
+        return await self._end(RoutingError(None, AFTER_FINAL))  # TRN-009
+
+    async def _end(self, error: RoutingError | None = None) -> Annotated | None:
+        self._done = True
+        self._slot.close()
+        with trio.CancelScope(shield=True):
+            await self._connection.aclose()
+        return None if error is None else Annotated(error=error)
+
+    async def aclose(self) -> None:
+        """The caller stops reading: tell the worker to stop (best effort) and close (TRN-017)."""
+        if not self._done:
+            # A few bytes, so the shielded send does not block.
+            with trio.CancelScope(shield=True), contextlib.suppress(*CONNECTION_ERRORS):
+                await self._connection.send(TwoPart(header=encode_json(KILL)).encode())
+            await self._end()
+
+
+def _annotated(data: object) -> Annotated:
+    """Dynamo's ``Annotated``: ``{"data": item}`` or ``{"event": "error", "error": {...}}``."""
+    if not isinstance(data, dict):
+        return Annotated(error=RoutingError(None, "response item is not an Annotated map"))
+    if data.get("event") == "error":
+        if "error" in data:
+            return Annotated(error=decode_error(data["error"]))
+        comment = data.get("comment")
+        return Annotated(error=RoutingError(None, str(comment)))
+    return Annotated(data=data.get("data"))

@@ -1,0 +1,188 @@
+"""The worker side of the TCP transport: request server, ACK, call-home response streams.
+
+One ``WorkerServer`` listens on a request-plane port and serves handlers by endpoint path.
+For each accepted request it ACKs on the same connection, dials the caller's response-stream
+address, and writes handshake, prologue, data frames, ``complete_final`` and the sentinel.
+A ``stop`` or ``kill`` from the caller ends the stream without a final frame.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncGenerator
+
+import trio
+
+from routespec.errors import ErrorKind, RoutingError
+from routespec.streaming import Request, WorkerHandler
+from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
+from routespec.transport.connection import FramedConnection
+from routespec.transport.control import ControlMessage, parse_control
+from routespec.transport.frames import TwoPart, WireProtocolError, decode_two_part, encode_ack
+from routespec.transport.wire_errors import encode_error
+
+LOOPBACK = "127.0.0.1"
+SENTINEL = b'"sentinel"'
+STOP, KILL = "stop", "kill"
+CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def data_frame(codec: PayloadCodec, annotated: dict[str, object]) -> bytes:
+    return TwoPart(body=codec.encode({"data": annotated, "complete_final": False})).encode()
+
+
+def final_frame(codec: PayloadCodec) -> bytes:
+    return TwoPart(body=codec.encode({"complete_final": True})).encode()
+
+
+def error_annotated(error: RoutingError) -> dict[str, object]:
+    return {"event": "error", "error": encode_error(error)}
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+class WorkerServer:
+    """Serves ``WorkerHandler``s over the request plane on ``host`` (loopback by default)."""
+
+    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.bytes_received: collections.Counter[str] = collections.Counter()
+        self._handlers: dict[str, WorkerHandler] = {}
+        self._scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+
+    def serve(self, path: str, handler: WorkerHandler) -> str:
+        """Serve ``handler`` at ``path``; returns the transport address discovery records.
+
+        The worker answers in whichever codec (msgpack or JSON) the caller's control message
+        names, so its discovery record may declare either."""
+        self._handlers[path] = handler
+        return f"{self.host}:{self.port}/{path}"
+
+    def withdraw(self, path: str) -> None:
+        self._handlers.pop(path, None)
+
+    def kill(self) -> None:
+        """Stop at once, as a crashed process would: every socket closes, nothing is flushed."""
+        self._scope.cancel()
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        with self._scope:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            self.port = listeners[0].socket.getsockname()[1]
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started(self.port)
+                await trio.serve_listeners(self._serve_connection, listeners)
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        connection = FramedConnection(stream)
+        async with stream:
+            try:
+                while (message := await connection.read_request()) is not None:
+                    self.bytes_received[message.path] += len(message.encode())
+                    await self._accept(connection, message.path, message.payload)
+            except (WireProtocolError, *CONNECTION_ERRORS):
+                return  # a broken peer loses only its own connection (TRN-012)
+
+    async def _accept(self, connection: FramedConnection, path: str, payload: bytes) -> None:
+        parts = decode_two_part(payload)
+        control = parse_control(parts.header)
+        handler = self._handlers.get(path)
+        if handler is None:
+            await connection.send(encode_ack(f"Server unavailable: no endpoint at {path}"))
+            return
+        failure: WireProtocolError | None = None
+        try:
+            body = control.payload_codec.decode(parts.body, "request.body")
+        except WireProtocolError as error:
+            body, failure = None, error
+        fields = decode_json(parts.header, "control_message")
+        metadata = fields.get("metadata") if isinstance(fields, dict) else None
+        request = Request(control.request_id, body, _string_map(metadata))
+        rejection = handler.admit(request)
+        await connection.send(encode_ack("" if rejection is None else rejection.ack_text()))
+        if rejection is None:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._respond, control, handler, request, failure)
+
+    async def _respond(
+        self,
+        control: ControlMessage,
+        handler: WorkerHandler,
+        request: Request,
+        failure: WireProtocolError | None,
+    ) -> None:
+        try:
+            stream = await trio.open_tcp_stream(*split_address(control.response.address))
+        except OSError:
+            return  # the caller is gone; it reports its own failure
+        connection = FramedConnection(stream)
+        async with stream:
+            try:
+                await self._stream(connection, control, handler, request, failure)
+            except* CONNECTION_ERRORS:
+                pass  # the caller went away; nothing is left to tell it
+
+    async def _stream(
+        self,
+        connection: FramedConnection,
+        control: ControlMessage,
+        handler: WorkerHandler,
+        request: Request,
+        failure: WireProtocolError | None,
+    ) -> None:
+        handshake = {"subject": control.response.subject, "stream_type": "response"}
+        await connection.send(TwoPart(header=encode_json(handshake)).encode())
+        try:
+            if failure is not None:
+                raise RoutingError(ErrorKind.INVALID_ARGUMENT, str(failure))
+            items = await handler.start(request)
+        except RoutingError as error:
+            prologue = {"error": str(error), "typed_error": encode_error(error)}
+            await connection.send(TwoPart(header=encode_json(prologue)).encode())
+            return
+        await connection.send(TwoPart(header=b'{"error":null}').encode())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_control, connection, nursery.cancel_scope)
+            try:
+                await self.send_items(connection, control.payload_codec, items)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await items.aclose()
+            nursery.cancel_scope.cancel()
+
+    async def send_items(
+        self,
+        connection: FramedConnection,
+        codec: PayloadCodec,
+        items: AsyncGenerator[object, None],
+    ) -> None:
+        """Data frames, an error item if the handler fails, then final frame and sentinel."""
+        try:
+            async for item in items:
+                await connection.send(data_frame(codec, {"data": item}))
+        except RoutingError as error:
+            await connection.send(data_frame(codec, error_annotated(error)))
+        await connection.send(final_frame(codec) + TwoPart(header=SENTINEL).encode())
+
+
+async def _watch_control(connection: FramedConnection, stream_scope: trio.CancelScope) -> None:
+    """End the stream when the caller sends ``stop``/``kill`` or goes away."""
+    try:
+        while (frame := await connection.read_two_part()) is not None:
+            if frame.header and decode_json(frame.header, "control") in (STOP, KILL):
+                break
+    except (WireProtocolError, *CONNECTION_ERRORS):
+        pass
+    stream_scope.cancel()
+
+
+def _string_map(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(key): str(item) for key, item in value.items()}
