@@ -433,6 +433,17 @@ class DispatchMachine(RuleBasedStateMachine):
         require(rule_id, observed == expected, f"occupancy {observed}, expected {expected}")
 
     @invariant()
+    def inflight_matches_open_streams(self) -> None:
+        if self.context is None or not self.has(Capability.OBSERVE_INFLIGHT):
+            return
+        inflight, still_open = self.target.transport_inflight(), len(self.model.open)
+        require(
+            "TRN-015",
+            inflight == still_open,
+            f"the transport counts {inflight} dispatches in flight; {still_open} streams are open",
+        )
+
+    @invariant()
     def prepared_for_reached_worker(self) -> None:
         if self.context is None or not self.has(Capability.OBSERVE_PREPARED_TARGET):
             return
@@ -452,6 +463,7 @@ class DispatchMachine(RuleBasedStateMachine):
     "DSP-001", "DSP-002", "DSP-003", "DSP-004", "DSP-005", "DSP-006", "DSP-007", "DSP-008",
     "DSP-009", "DSP-010", "DSP-011", "DSP-012", "DSP-013", "DSP-014", "DSP-015",
     "FLT-001", "FLT-002", "FLT-003", "FLT-004", "FLT-006", "FLT-007", "FLT-008",
+    "TRN-004", "TRN-005", "TRN-006", "TRN-015",
 )  # fmt: skip
 def test_dispatch_machine(adapter: Adapter) -> None:
     # Hypothesis accepts any factory returning a machine; its stub says type[...] only.

@@ -4,6 +4,9 @@ A link is ``{"error_type", "class", "reason", "message", "caused_by"?}``. ``erro
 the legacy type (``"CannotConnect"``, ``{"Backend": "EngineShutdown"}``) or ``null`` for an
 untyped link. ``WorkerOverloaded`` travels as ``ResourceExhausted`` with the reason
 ``capacity.worker_overloaded``, as Dynamo writes it, and is restored from that reason.
+An ``InvalidArgument`` link also carries ``"public": {"type": "message", "message"}``, as
+Dynamo writes for its typed ``InvalidArgument``: without it Dynamo's Python client raises a
+plain ``ValueError("InvalidRequest: ...")`` instead of ``InvalidArgument``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from routespec.errors import (
 )
 
 OVERLOADED_REASON = default_reason_of(ErrorKind.WORKER_OVERLOADED)
+PUBLIC_TYPES: frozenset[ErrorType] = frozenset(
+    {ErrorKind.INVALID_ARGUMENT, BackendKind.INVALID_ARGUMENT}
+)  # messages meant for the end user
 
 # Canonical class names Dynamo may write where a legacy type is expected.
 _KIND_OF_CANONICAL = {
@@ -38,6 +44,8 @@ def encode_error(error: RoutingError) -> dict[str, object]:
         "reason": error.reason,
         "message": error.message,
     }
+    if error.error_type in PUBLIC_TYPES:
+        shape["public"] = {"type": "message", "message": error.message}
     cause = error.__cause__
     if isinstance(cause, RoutingError):
         shape["caused_by"] = encode_error(cause)
