@@ -32,8 +32,16 @@ class FramedConnection:
         self.closed = trio.Event()
 
     async def send(self, data: bytes) -> None:
-        async with self._send_lock:  # a unit is never interleaved with another
+        # A unit is never interleaved with another. An uncontended lock is taken without
+        # ``Lock.acquire``'s extra scheduling point; ``send_all`` still checkpoints.
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
             await self.stream.send_all(data)
+        finally:
+            self._send_lock.release()
 
     async def aclose(self) -> None:
         self.closed.set()
@@ -41,7 +49,8 @@ class FramedConnection:
 
     async def _read(self, count: int, field: str, *, at_boundary: bool = False) -> bytes | None:
         while len(self._buffer) < count:
-            chunk = await self.stream.receive_some(max(RECEIVE_CHUNK, count - len(self._buffer)))
+            # A fixed chunk: a declared length never sizes a receive buffer (TRN-012).
+            chunk = await self.stream.receive_some(RECEIVE_CHUNK)
             if not chunk:
                 if at_boundary and not self._buffer:
                     return None

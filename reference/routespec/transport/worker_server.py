@@ -9,6 +9,7 @@ A ``stop`` or ``kill`` from the caller ends the stream without a final frame.
 from __future__ import annotations
 
 import collections
+import ipaddress
 from collections.abc import AsyncGenerator
 
 import trio
@@ -42,6 +43,24 @@ def error_annotated(error: RoutingError) -> dict[str, object]:
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host, int(port)
+
+
+async def open_stream(address: str) -> trio.SocketStream:
+    """Connect to ``host:port``. A numeric host has one candidate address, so it is dialled
+    directly, without ``open_tcp_stream``'s resolution and happy-eyeballs tasks."""
+    host, port = split_address(address)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return await trio.open_tcp_stream(host, port)
+    family = trio.socket.AF_INET6 if ip.version == 6 else trio.socket.AF_INET
+    sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+    try:
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
 
 
 class WorkerServer:
@@ -118,7 +137,7 @@ class WorkerServer:
         failure: WireProtocolError | None,
     ) -> None:
         try:
-            stream = await trio.open_tcp_stream(*split_address(control.response.address))
+            stream = await open_stream(control.response.address)
         except OSError:
             return  # the caller is gone; it reports its own failure
         connection = FramedConnection(stream)
