@@ -42,7 +42,7 @@ async def wait_for(client: Client, count: int) -> list[int]:
     await client.wait_for_instances()
     while len(client.instance_ids()) < count:  # noqa: ASYNC110 - polls discovery, no event
         await asyncio.sleep(0.05)
-    return client.instance_ids()
+    return [int(instance_id) for instance_id in client.instance_ids()]
 
 
 async def main(endpoint_path: str, count: int, plan: list[dict[str, object]]) -> None:
