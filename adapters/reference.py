@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -18,10 +18,12 @@ from routespec.errors import match_error_chain as reference_match_error_chain
 from routespec.in_process import InProcessDispatch
 from routespec.portal import TrioPortal
 from routespec.push_router import PushRouter, RouterStream
+from routespec.retained_dispatch import GuardedDispatch
 from routespec.scripted import PREPARED_FOR, ScriptedWorker, build_error
 from routespec.selection import RouterMode
-from routespec.streaming import InflightGauge, Request, StreamingDispatch
+from routespec.streaming import InflightGauge, Request, RequestStream, StreamingDispatch
 from routespec.target import (
+    Bidirectional,
     Call,
     Capability,
     Delivery,
@@ -51,6 +53,26 @@ def observe(error: BaseException, *, pre_stream: bool) -> ObservedError:
     return ObservedError(links, pre_stream)
 
 
+async def _count_to(count: int) -> AsyncIterator[object]:
+    """A caller that streams its inputs, yielding to the scheduler between them."""
+    for value in range(count):
+        await trio.lowlevel.checkpoint()
+        yield value
+
+
+@attrs.define(eq=False)
+class CountingGuard:
+    """A first-response guard that is held while it is in ``held``."""
+
+    held: set[CountingGuard]
+
+    def __attrs_post_init__(self) -> None:
+        self.held.add(self)
+
+    def release(self) -> None:
+        self.held.discard(self)
+
+
 def stamp_prepared_target(request: Request, worker_id: int) -> Request:
     return attrs.evolve(request, annotations={**request.annotations, PREPARED_FOR: str(worker_id)})
 
@@ -76,7 +98,20 @@ class Cluster(Protocol):
         """Start serving ``worker``; returns its transport address."""
         ...
 
-    def kill(self, worker_id: int) -> None: ...
+    async def serve_process(self, worker_id: int, script: WorkerScript, log: list[Delivery]) -> str:
+        """Start a worker process serving ``script`` that appends what reaches it to ``log``;
+        returns its transport address."""
+        ...
+
+    async def settle_process_request(self, request_id: str, ended: Callable[[], bool]) -> None:
+        """Return once ``ended()`` holds or a worker process reports ``request_id`` stalled
+        or written to its end (bounded in real time: the portal's clock is a mock)."""
+        ...
+
+    async def kill(self, worker_id: int) -> None:
+        """The worker dies; a worker process is killed (SIGKILL) and has exited on return."""
+        ...
+
     def announce_removal(self, worker_id: int, removed: bool) -> None: ...
     def worker_bytes(self, worker_id: int) -> int: ...
     async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
@@ -95,7 +130,13 @@ class InProcessCluster:
         self.transport.serve(address, worker)
         return address
 
-    def kill(self, worker_id: int) -> None:
+    async def serve_process(self, worker_id: int, script: WorkerScript, log: list[Delivery]) -> str:
+        raise NotImplementedError("in-process workers run in the caller's process")
+
+    async def settle_process_request(self, request_id: str, ended: Callable[[], bool]) -> None:
+        return  # no worker processes: the portal's settling is enough
+
+    async def kill(self, worker_id: int) -> None:
         self.transport.kill(f"inproc://worker-{worker_id}")
 
     def announce_removal(self, worker_id: int, removed: bool) -> None:
@@ -125,17 +166,20 @@ class ReferenceTarget:
         self._discovery = MemoryDiscovery()
         self._cluster = cluster
         self._workers: dict[int, ScriptedWorker] = {}
+        self._processes: set[int] = set()  # workers that are separate OS processes
         self._log: list[Delivery] = []
         self._outcomes: dict[str, Outcome] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
         self._ids = itertools.count(1)
         self._request_numbers = itertools.count(1)
 
+        self._guards: set[CountingGuard] = set()
+
         async def build() -> PushRouter:
             return router_class.create(
                 ENDPOINT,
                 self._discovery,
-                cluster.transport,
+                GuardedDispatch(cluster.transport, portal.nursery),
                 inhibited_duration=config.inhibited_duration,
                 fault_detection=config.fault_detection,
                 rng=random.Random(config.seed),
@@ -158,6 +202,17 @@ class ReferenceTarget:
         self._portal.call(register)
         return worker_id
 
+    def add_worker_process(self, script: WorkerScript) -> int:
+        worker_id = next(self._ids)
+
+        async def register() -> None:
+            address = await self._cluster.serve_process(worker_id, script, self._log)
+            self._discovery.register(Instance(worker_id, ENDPOINT, address, "cuda"))
+
+        self._portal.call(register)
+        self._processes.add(worker_id)
+        return worker_id
+
     def remove_worker(self, worker_id: int) -> None:
         def remove() -> None:
             self._discovery.deregister(worker_id)
@@ -167,7 +222,7 @@ class ReferenceTarget:
         self._sync(remove)
 
     def kill_worker(self, worker_id: int) -> None:
-        self._sync(lambda: self._cluster.kill(worker_id))
+        self._portal.call(lambda: self._cluster.kill(worker_id))
 
     def vanish_worker(self, worker_id: int) -> None:
         self._sync(lambda: self._discovery.withdraw(worker_id))
@@ -177,12 +232,12 @@ class ReferenceTarget:
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
         def assign() -> None:
-            self._workers[worker_id].script = script
+            self._scripted(worker_id).script = script
 
         self._sync(assign)
 
     def release_stalled(self, worker_id: int) -> None:
-        self._sync(self._workers[worker_id].release_stalled)
+        self._sync(self._scripted(worker_id).release_stalled)
 
     def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
         self._sync(lambda: self._router.worker_sets.set_monitor_overloaded(worker_id, overloaded))
@@ -195,11 +250,33 @@ class ReferenceTarget:
 
     # router operations
 
-    def submit(self, call: Call, metadata: Mapping[str, str] | None = None) -> str:
+    def submit(
+        self, call: Call, metadata: Mapping[str, str] | None = None, guarded: bool = False
+    ) -> str:
         request_id = f"req-{next(self._request_numbers)}"
-        request = Request(request_id, {"call": repr(call)}, dict(metadata or {}))
+        guard = CountingGuard(self._guards) if guarded else None
+        request = Request(request_id, {"call": repr(call)}, dict(metadata or {}), guard)
         self._portal.start_soon(lambda: self._run(request, call))
+        if self._in_a_process(request_id):
+            self._portal.call(
+                lambda: self._cluster.settle_process_request(
+                    request_id, lambda: request_id in self._outcomes
+                )
+            )
         return request_id
+
+    def _in_a_process(self, request_id: str) -> bool:
+        """Whether the open request may be at a worker process, which the portal's settling
+        does not wait for (it was not delivered to an in-process worker)."""
+        if not self._processes or request_id in self._outcomes:
+            return False
+        reached = {d.worker_id for d in self._log if d.request_id == request_id}
+        return not reached or bool(reached & self._processes)
+
+    def _scripted(self, worker_id: int) -> ScriptedWorker:
+        if worker_id in self._processes:
+            raise NotImplementedError("a worker process serves the script it was started with")
+        return self._workers[worker_id]
 
     def outcome(self, request_id: str) -> Outcome | None:
         return self._outcomes.get(request_id)
@@ -208,22 +285,25 @@ class ReferenceTarget:
         self._sync(self._scopes[request_id].cancel)
 
     async def _run(self, request: Request, call: Call) -> None:
-        try:
-            stream = await self._open_stream(request, call)
-        except RoutingError as failure:
-            self._outcomes[request.request_id] = Outcome((), observe(failure, pre_stream=True))
-            return
         items: list[object] = []
         error_item: ObservedError | None = None
-        with trio.CancelScope() as scope:
+        stream: RouterStream | None = None
+        with trio.CancelScope() as scope:  # drop() cancels it, before or after the stream
             self._scopes[request.request_id] = scope
+            try:
+                stream = await self._open_stream(request, call)
+            except RoutingError as failure:
+                del self._scopes[request.request_id]
+                self._outcomes[request.request_id] = Outcome((), observe(failure, pre_stream=True))
+                return
             async for item in stream:
                 if item.error is not None:
                     error_item = observe(item.error, pre_stream=False)
                     break  # a caller stops reading at the first error item
                 items.append(item.data)
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
+        if stream is not None:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
         del self._scopes[request.request_id]
         self._outcomes[request.request_id] = Outcome(tuple(items), error_item, scope.cancel_called)
 
@@ -235,6 +315,9 @@ class ReferenceTarget:
             return await router.direct(request, call.worker_id, prepare)
         if isinstance(call, DirectWithin):
             return await router.direct_within(request, call.worker_id, call.allowed, prepare)
+        if isinstance(call, Bidirectional):
+            streamed = attrs.evolve(request, payload=RequestStream(_count_to(call.inputs)))
+            return await router.generate(streamed, RouterMode(call.mode), prepare)
         permit = router.occupancy.book(call.worker_id)
         return await router.dispatch_preselected(request, call.worker_id, permit, prepare)
 
@@ -257,6 +340,9 @@ class ReferenceTarget:
 
     def occupancy(self) -> Mapping[int, int]:
         return self._router.occupancy.snapshot()
+
+    def held_guards(self) -> int:
+        return len(self._guards)
 
     def transport_inflight(self) -> int:
         return self._cluster.inflight.count

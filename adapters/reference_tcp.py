@@ -1,19 +1,79 @@
 """Adapter ``reference-tcp``: the reference router and scripted workers, every worker a real
-TCP server on 127.0.0.1 speaking Dynamo 1.6.1's wire."""
+TCP server on 127.0.0.1 speaking Dynamo 1.6.1's wire.
+
+Workers run in the portal's trio run, except those started with ``add_worker_process``: each
+of those is a separate OS process (``routespec.transport.drill_process``) that a check can
+kill with SIGKILL. The parent follows such a process through the reports it prints on stdout,
+waiting for them in real time, since the portal's clock is a mock that only moves on request.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
 
+import attrs
 import trio
 
 from adapters.reference import ENDPOINT, Cluster, ReferenceAdapter
 from routespec.portal import TrioPortal
 from routespec.scripted import ScriptedWorker
 from routespec.streaming import InflightGauge
-from routespec.target import Capability
+from routespec.target import Capability, Delivery, WorkerScript
+from routespec.transport import drill_process
 from routespec.transport.drill_server import DrillWorkerServer
 from routespec.transport.tcp_dispatch import TcpDispatch
+from routespec.transport.worker_server import LOOPBACK
+
+PROCESS_WAIT = 20.0
+"""Real seconds to wait for a worker process to start, to report on a request, or to exit."""
+
+
+@contextlib.contextmanager
+def real_time_limit(seconds: float, waiting_for: str) -> Iterator[None]:
+    """Raise ``TimeoutError`` unless the body ends within ``seconds`` of wall-clock time.
+
+    Trio's own timeouts follow the run's clock, which in a portal is a ``MockClock``."""
+    token = trio.lowlevel.current_trio_token()
+    with trio.CancelScope() as scope:
+
+        def expire() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(scope.cancel, trio_token=token)
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+    if scope.cancelled_caught:
+        raise TimeoutError(f"waited {seconds} s (real time) for {waiting_for}")
+
+
+@attrs.define
+class WorkerProcess:
+    """A drill worker process and what it has reported so far."""
+
+    worker_id: int
+    process: trio.Process
+    port: int | None = None
+    reported: set[str] = attrs.field(factory=set)  # requests stalled or written to their end
+    exited: bool = False
+
+    def take(self, report: drill_process.Report, log: list[Delivery]) -> None:
+        if isinstance(port := report.get("port"), int):
+            self.port = port
+        if isinstance(request_id := report.get("delivered"), str):
+            prepared = report.get("prepared_for")
+            prepared_for = prepared if isinstance(prepared, int) else None
+            log.append(Delivery(request_id, self.worker_id, prepared_for))
+        for key in ("stalled", "ended"):
+            if isinstance(request_id := report.get(key), str):
+                self.reported.add(request_id)
 
 
 class TcpCluster:
@@ -22,6 +82,8 @@ class TcpCluster:
     def __init__(self, portal: TrioPortal) -> None:
         self._portal = portal
         self._servers: dict[int, DrillWorkerServer] = {}
+        self._processes: dict[int, WorkerProcess] = {}
+        self._progress = trio.Event()  # set, then replaced, whenever a process reports
         self.transport = portal.call(self._open_dispatch)
 
     async def _open_dispatch(self) -> TcpDispatch:
@@ -43,8 +105,71 @@ class TcpCluster:
         self._servers[worker_id] = server
         return server.serve(f"{ENDPOINT}/{worker_id:x}", worker)
 
-    def kill(self, worker_id: int) -> None:
-        self._servers[worker_id].kill()
+    async def serve_process(self, worker_id: int, script: WorkerScript, log: list[Delivery]) -> str:
+        path = f"{ENDPOINT}/{worker_id:x}"
+        argv = drill_process.command(script, worker_id, path)
+        worker: WorkerProcess = await self._portal.nursery.start(
+            self._own_process, worker_id, argv, log
+        )
+        self._processes[worker_id] = worker
+        with real_time_limit(PROCESS_WAIT, f"worker process {worker_id} to listen"):
+            while worker.port is None:
+                if worker.exited:
+                    code = worker.process.returncode
+                    raise RuntimeError(f"worker process {worker_id} exited with {code}")
+                await self._progress.wait()
+        return f"{LOOPBACK}:{worker.port}/{path}"
+
+    async def _own_process(
+        self,
+        worker_id: int,
+        argv: list[str],
+        log: list[Delivery],
+        *,
+        task_status: trio.TaskStatus[WorkerProcess],
+    ) -> None:
+        """Start the process, follow its reports; SIGKILL it when the portal closes."""
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=drill_process.environment()
+        )
+        try:
+            assert process.stdout is not None
+            worker = WorkerProcess(worker_id, process)
+            task_status.started(worker)
+            reports = drill_process.Reports(process.stdout)
+            while (report := await reports.next()) is not None:
+                worker.take(report, log)
+                self._progressed()
+            await process.wait()
+            worker.exited = True
+            self._progressed()
+        finally:
+            with trio.CancelScope(shield=True):
+                process.kill()
+                await process.wait()
+                for pipe in (process.stdin, process.stdout):
+                    if pipe is not None:
+                        await pipe.aclose()
+
+    def _progressed(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    async def settle_process_request(self, request_id: str, ended: Callable[[], bool]) -> None:
+        with real_time_limit(PROCESS_WAIT, f"a worker process to report on {request_id}"):
+            while not ended() and not any(
+                request_id in worker.reported for worker in self._processes.values()
+            ):
+                await self._progress.wait()
+
+    async def kill(self, worker_id: int) -> None:
+        worker = self._processes.get(worker_id)
+        if worker is None:
+            self._servers[worker_id].kill()
+            return
+        worker.process.kill()  # SIGKILL: no handler runs, the kernel closes every socket
+        with real_time_limit(PROCESS_WAIT, f"worker process {worker_id} to exit"):
+            await worker.process.wait()
 
     def announce_removal(self, worker_id: int, removed: bool) -> None:
         if removed:
@@ -53,18 +178,25 @@ class TcpCluster:
             self.transport.instance_added(worker_id)
 
     def worker_bytes(self, worker_id: int) -> int:
+        if worker_id in self._processes:
+            raise NotImplementedError("a worker process does not share its byte counts")
         return sum(self._servers[worker_id].bytes_received.values())
 
     async def send_raw(self, worker_id: int | None, data: bytes) -> None:
         if worker_id is None:
             address = self.transport.response_address
         else:
-            address = f"127.0.0.1:{self._servers[worker_id].port}"
+            address = f"{LOOPBACK}:{self._port(worker_id)}"
         host, _, port = address.rpartition(":")
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
             with contextlib.suppress(trio.BrokenResourceError):
                 await stream.send_all(data)
+
+    def _port(self, worker_id: int) -> int | None:
+        if worker_id in self._processes:
+            return self._processes[worker_id].port
+        return self._servers[worker_id].port
 
 
 def tcp_cluster(portal: TrioPortal) -> Cluster:
@@ -73,6 +205,6 @@ def tcp_cluster(portal: TrioPortal) -> Cluster:
 
 ADAPTER = ReferenceAdapter(
     name="reference-tcp",
-    capabilities=frozenset(Capability) - {Capability.KILL_WORKER_PROCESS},
+    capabilities=frozenset(Capability),
     cluster=tcp_cluster,
 )

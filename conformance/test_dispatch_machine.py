@@ -22,6 +22,7 @@ from conformance.checks import covers, exercised, require
 from conformance.model import BUILTIN_MODES, REFUSED_MODES, Expected, RouterModel, WorkerModel
 from routespec.target import (
     Adapter,
+    Bidirectional,
     Call,
     Capability,
     Direct,
@@ -308,7 +309,7 @@ class DispatchMachine(RuleBasedStateMachine):
 
     def check_overload_masking(self, call: Call, outcome: Outcome | None) -> None:
         """A target without a transport record must not fail as overloaded (DSP-003)."""
-        if isinstance(call, Generate) or outcome is None or outcome.error is None:
+        if isinstance(call, Generate | Bidirectional) or outcome is None or outcome.error is None:
             return
         target = self.model.workers.get(call.worker_id)
         if target is not None and not target.record and call.worker_id in self.model.overloaded():

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from conformance import oracle
 from conformance.checks import covers, require, requires
-from conformance.scenario import finished, reached, spec_of
+from conformance.scenario import MODE_CAPABILITY, finished, reached, spec_of
 from routespec.target import (
+    Adapter,
+    Bidirectional,
     Capability,
     Direct,
     ErrorSpec,
@@ -33,6 +35,7 @@ from routespec.target import (
 )
 
 PRE_STREAM_PREFIX = "Worker generate() failed before response stream: "
+STREAM_ENDED_EARLY = "Stream ended before generation completed"
 CONTROL_LIMIT = 128 * 1024
 LABELS: tuple[str | None, ...] = (None, *oracle.TYPE_LABELS)
 
@@ -430,6 +433,36 @@ def test_a_killed_worker_is_detected_without_a_timeout(target: Target) -> None:
     )
 
 
+@covers("TRN-016")
+@requires(Capability.DIRECT, Capability.KILL_WORKER_PROCESS)
+def test_a_killed_worker_process_is_detected_without_a_timeout(
+    target: Target, adapter: Adapter
+) -> None:
+    """The worker is a separate OS process killed with SIGKILL: nothing in it runs to say
+    goodbye, and the mock clock is never advanced; the kernel closing its sockets is the signal."""
+    worker = target.add_worker_process(Stall(items=2))
+    request = target.submit(Direct(worker))
+    require(
+        "TRN-016",
+        target.outcome(request) is None,
+        f"the stalled stream ended before the kill: {target.outcome(request)}",
+    )
+    target.kill_worker(worker)
+    outcome = finished(target, request, "TRN-016")
+    ends_with_error(outcome, "TRN-016", STREAM_ENDED_EARLY, 2)
+    require(
+        "TRN-016",
+        outcome.error is not None and outcome.error.type == "Disconnected",
+        f"a killed worker process's stream should end with Disconnected: {outcome}",
+    )
+    if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
+        require(
+            "TRN-016",
+            target.transport_inflight() == 0,
+            "the killed worker process's stream is still counted in flight",
+        )
+
+
 @covers("TRN-017")
 @requires(Capability.DIRECT, Capability.SCRIPT_STALL, Capability.OBSERVE_INFLIGHT)
 def test_a_dropped_stream_stops_the_worker(target: Target) -> None:
@@ -450,3 +483,130 @@ def test_a_dropped_stream_stops_the_worker(target: Target) -> None:
         "the dropped stream is still in flight after the worker was released",
     )
     serves_again(target, worker, "TRN-017")
+
+
+# --- TRN-018, TRN-019 ---
+
+RETAINED_LIMIT = 1024
+
+
+@covers("TRN-018")
+@requires(
+    Capability.DIRECT,
+    Capability.FIRST_RESPONSE_GUARD,
+    Capability.SCRIPT_STALL,
+    Capability.SCRIPT_FAILURES,
+)
+def test_the_guard_is_held_until_the_first_item(target: Target) -> None:
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=0, items_after=2))
+    request = target.submit(Direct(worker), guarded=True)
+    require("TRN-018", target.held_guards() == 1, "the guard was released before any item")
+    target.drop(request)
+    require(
+        "TRN-018",
+        target.held_guards() == 1,
+        "the caller abandoned the request and the guard was released before the first item",
+    )
+    target.release_stalled(worker)
+    require("TRN-018", target.held_guards() == 0, "the first item came; the guard is held")
+    outcome = finished(target, request, "TRN-018")
+    require("TRN-018", outcome.dropped and not outcome.items, f"dropped request: {outcome}")
+    for script in (Serve(3), FailBeforeStream(ErrorSpec("InvalidArgument")), Serve(0)):
+        target.script_worker(worker, script)
+        outcome = finished(target, target.submit(Direct(worker), guarded=True), "TRN-018")
+        require(
+            "TRN-018",
+            target.held_guards() == 0 and len(outcome.items) == getattr(script, "items", 0),
+            f"after a guarded request under {script} ended ({outcome}), "
+            f"{target.held_guards()} guards are held",
+        )
+
+
+@covers("TRN-019")
+@requires(Capability.DIRECT, Capability.FIRST_RESPONSE_GUARD, Capability.SCRIPT_STALL)
+def test_retained_dispatches_are_bounded(target: Target) -> None:
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=0, items_after=1))
+    retained = [target.submit(Direct(worker), guarded=True) for _ in range(RETAINED_LIMIT)]
+    require(
+        "TRN-019",
+        target.held_guards() == RETAINED_LIMIT,
+        f"{RETAINED_LIMIT} stalled guarded requests hold {target.held_guards()} guards",
+    )
+    outcome = finished(target, target.submit(Direct(worker), guarded=True), "TRN-019")
+    require(
+        "TRN-019",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and outcome.error.typed_chain == ("ResourceExhausted",)
+        and "retained request dispatch limit reached" in outcome.error.links[0][1],
+        f"guarded request {RETAINED_LIMIT + 1} should fail with ResourceExhausted: {outcome}",
+    )
+    require("TRN-019", target.held_guards() == RETAINED_LIMIT, "the refused guard is held")
+    target.release_stalled(worker)
+    ended = [target.outcome(request) for request in retained]
+    require(
+        "TRN-019",
+        target.held_guards() == 0 and all(o is not None and o.error is None for o in ended),
+        f"after release, {target.held_guards()} guards held; "
+        f"{sum(o is None for o in ended)} requests still open",
+    )
+    target.script_worker(worker, Serve(1))
+    outcome = finished(target, target.submit(Direct(worker), guarded=True), "TRN-019")
+    require("TRN-019", outcome.error is None, f"the bound did not free its slots: {outcome}")
+
+
+# --- TRN-020, TRN-021 ---
+
+
+@covers("TRN-020")
+@requires(Capability.BIDIRECTIONAL, Capability.ROUND_ROBIN, Capability.RANDOM)
+@pytest.mark.parametrize("mode", ["round-robin", "random"])
+@pytest.mark.parametrize("inputs", [0, 1, 4])
+def test_a_bidirectional_request_streams_its_items_to_one_worker(
+    target: Target, mode: str, inputs: int
+) -> None:
+    workers = [target.add_worker() for _ in range(3)]
+    for worker in workers:
+        target.script_worker(worker, Serve(2))
+    request = target.submit(Bidirectional(mode, inputs))
+    outcome = finished(target, request, "TRN-020")
+    delivered = reached(target, request)
+    require("TRN-020", len(delivered) == 1, f"the request reached {delivered}, not one worker")
+    echoed = [i.get("input") for i in outcome.items if isinstance(i, dict) and "input" in i]
+    answering = {i.get("worker") for i in outcome.items if isinstance(i, dict)}
+    require(
+        "TRN-020",
+        outcome.error is None
+        and echoed == list(range(inputs))
+        and indices(outcome)[inputs:] == [0, 1]
+        and answering <= set(delivered),
+        f"worker {delivered} should have received inputs 0..{inputs - 1} in order and answered "
+        f"them, then its 2 items; the caller saw {outcome}",
+    )
+
+
+@covers("TRN-021")
+@requires(Capability.BIDIRECTIONAL)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(mode, marks=pytest.mark.requires(MODE_CAPABILITY[mode]), id=mode)
+        for mode in ("power-of-two-choices", "least-loaded", "device-aware-weighted")
+    ],
+)
+def test_bidirectional_dispatch_refuses_other_modes(target: Target, mode: str) -> None:
+    target.add_worker()
+    request = target.submit(Bidirectional(mode, 2))
+    outcome = finished(target, request, "TRN-021")
+    require(
+        "TRN-021",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and outcome.error.typed_chain == ("InvalidArgument",)
+        and "not yet supported for bidirectional dispatch" in outcome.error.links[0][1]
+        and not reached(target, request),
+        f"a streamed request in mode {mode} should be refused with InvalidArgument before "
+        f"reaching a worker; got {outcome}",
+    )

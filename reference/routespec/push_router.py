@@ -12,8 +12,10 @@ from routespec.errors import ErrorKind, RoutingError
 from routespec.fault_detection import observe_fault
 from routespec.occupancy import OccupancyTracker, Permit
 from routespec.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
-from routespec.streaming import Annotated, ItemStream, Request, StreamingDispatch
+from routespec.streaming import Annotated, ItemStream, Request, RequestStream, StreamingDispatch
 from routespec.worker_sets import DEFAULT_INHIBITED_DURATION, WorkerSets
+
+BIDIRECTIONAL_MODES = frozenset({RouterMode.ROUND_ROBIN, RouterMode.RANDOM})
 
 Prepare = Callable[[Request, int], Request]
 """Called with the finally resolved worker id, after the overload check, before sending."""
@@ -77,12 +79,18 @@ class PushRouter:
         prepare: Prepare | None = None,
     ) -> RouterStream:
         """Select from the free set (SEL-003) by a builtin ``mode`` (SEL-001), then dispatch
-        with ordinary fallback."""
+        with ordinary fallback. A ``RequestStream`` payload makes it bidirectional."""
         if mode in (RouterMode.KV, RouterMode.DIRECT):
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
                 f"router mode {mode.value} is not served by a bare PushRouter; "
                 "use the routing host (SEL-002)",
+            )
+        if isinstance(request.payload, RequestStream) and mode not in BIDIRECTIONAL_MODES:
+            raise RoutingError(
+                ErrorKind.INVALID_ARGUMENT,
+                f"router mode {mode.value} is not yet supported for bidirectional dispatch "
+                "(TRN-021)",
             )
         free = self.worker_sets.free_ids()
         if not free:

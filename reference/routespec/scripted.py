@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import attrs
 import trio
 
 from routespec.errors import RoutingError, parse_type_label
-from routespec.streaming import Rejection, RejectionKind, Request
+from routespec.streaming import Rejection, RejectionKind, Request, RequestStream
 from routespec.target import (
     Delivery,
     ErrorSpec,
@@ -47,6 +47,8 @@ class ScriptedWorker:
     worker_id: int
     log: list[Delivery]
     script: WorkerScript = attrs.field(factory=Serve)
+    on_stall: Callable[[str], None] | None = None
+    """Called with the request id when a ``Stall`` script has yielded its items and waits."""
     _release: trio.Event = attrs.field(factory=trio.Event)
 
     def release_stalled(self) -> None:
@@ -70,11 +72,15 @@ class ScriptedWorker:
         script = self.script
         if isinstance(script, FailBeforeStream):
             raise build_error(script.error)
-        return self._items(request.request_id, script, self._release)
+        return self._items(request, script, self._release)
 
     async def _items(
-        self, request_id: str, script: WorkerScript, release: trio.Event
+        self, request: Request, script: WorkerScript, release: trio.Event
     ) -> AsyncGenerator[object, None]:
+        request_id = request.request_id
+        if isinstance(request.payload, RequestStream):  # echo each input first (TRN-020)
+            async for value in request.payload.items:
+                yield {"worker": self.worker_id, "request": request_id, "input": value}
         for index in range(getattr(script, "items", 0)):
             yield self._item(request_id, index)
         if isinstance(script, FailMidStream):
@@ -82,6 +88,8 @@ class ScriptedWorker:
         if isinstance(script, Misbehave):
             yield WireFaultMarker(script.fault)
         if isinstance(script, Stall):
+            if self.on_stall is not None:
+                self.on_stall(request_id)
             await release.wait()
             for after in range(script.items_after):
                 yield self._item(request_id, script.items + after)

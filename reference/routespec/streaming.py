@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Protocol
 
 import attrs
@@ -13,6 +13,14 @@ from routespec.errors import ErrorKind, RoutingError, is_migration_sensitive
 
 STREAM_ENDED_EARLY = "Stream ended before generation completed"
 PRE_STREAM_FAILURE = "Worker generate() failed before response stream: "
+
+
+class FirstResponseGuard(Protocol):
+    """Something a request holds until its worker has answered once (TRN-018)."""
+
+    def release(self) -> None:
+        """Called exactly once: at the first item, at the end of the stream, or on failure."""
+        ...
 
 
 @attrs.frozen
@@ -26,6 +34,16 @@ class Request:
     request_id: str
     payload: object
     annotations: Mapping[str, str] = attrs.field(factory=dict)
+    first_response_guard: FirstResponseGuard | None = attrs.field(default=None, eq=False)
+    """Held until the first item or the end of the stream (TRN-018); never sent on a wire."""
+
+
+@attrs.frozen(eq=False)
+class RequestStream:
+    """The payload of a bidirectional request: items the caller sends while it reads the
+    response (TRN-020). The transport consumes ``items`` once."""
+
+    items: AsyncIterator[object]
 
 
 @attrs.frozen

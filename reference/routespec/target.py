@@ -44,6 +44,8 @@ class Capability(enum.Enum):
     OBSERVE_INFLIGHT = "observe:transport-inflight"
     OBSERVE_WORKER_BYTES = "observe:worker-bytes"
     WIRE_TRANSPORT = "transport:dynamo-wire"
+    FIRST_RESPONSE_GUARD = "call:first-response-guard"
+    BIDIRECTIONAL = "call:bidirectional"
     MOCK_CLOCK = "time:mock-clock"
     CONFIGURE_INHIBITION = "config:inhibited-duration"
     OBSERVE_WORKER_SETS = "observe:worker-sets"
@@ -169,7 +171,16 @@ class Preselected:
     worker_id: int
 
 
-Call = Generate | Direct | DirectWithin | Preselected
+@attrs.frozen
+class Bidirectional:
+    """``generate()`` with a streamed request of ``inputs`` items (0, 1, …). A scripted
+    worker answers each input with ``{"worker", "request", "input": n}``, then its script."""
+
+    mode: str
+    inputs: int
+
+
+Call = Generate | Direct | DirectWithin | Preselected | Bidirectional
 
 
 # --- observations ---
@@ -240,6 +251,12 @@ class Target(Protocol):
 
     # cluster control
     def add_worker(self, *, device: str = "cuda") -> int: ...
+    def add_worker_process(self, script: WorkerScript) -> int:
+        """Start a worker as a separate OS process that serves ``script`` for every request,
+        registered with discovery like ``add_worker`` (Capability.KILL_WORKER_PROCESS);
+        ``kill_worker`` then kills the process (SIGKILL) and returns once it has exited."""
+        ...
+
     def remove_worker(self, worker_id: int) -> None: ...
     def kill_worker(self, worker_id: int) -> None: ...
     def vanish_worker(self, worker_id: int) -> None:
@@ -258,10 +275,13 @@ class Target(Protocol):
     def advance_time(self, seconds: float) -> None: ...
 
     # router operations
-    def submit(self, call: Call, metadata: Mapping[str, str] | None = None) -> str:
+    def submit(
+        self, call: Call, metadata: Mapping[str, str] | None = None, guarded: bool = False
+    ) -> str:
         """Start a request and return its id once it has settled (finished, or stalled).
 
-        ``metadata`` travels with the request (on Dynamo's wire: the control message)."""
+        ``metadata`` travels with the request (on Dynamo's wire: the control message);
+        ``guarded`` gives it a first-response guard (Capability.FIRST_RESPONSE_GUARD)."""
         ...
 
     def outcome(self, request_id: str) -> Outcome | None:
@@ -276,6 +296,10 @@ class Target(Protocol):
     def dispatch_log(self) -> Sequence[Delivery]: ...
     def worker_sets(self) -> WorkerSetsView: ...
     def occupancy(self) -> Mapping[int, int]: ...
+    def held_guards(self) -> int:
+        """First-response guards not yet released (Capability.FIRST_RESPONSE_GUARD)."""
+        ...
+
     def transport_inflight(self) -> int:
         """Dispatches the transport counts as in flight (Capability.OBSERVE_INFLIGHT)."""
         ...

@@ -6,8 +6,6 @@ names its registration in the handshake frame; an unknown or late subject is clo
 
 from __future__ import annotations
 
-import uuid
-
 import trio
 
 from routespec.errors import ErrorKind, RoutingError
@@ -70,8 +68,8 @@ class ResponsePlane:
         task_status.started()
         await trio.serve_listeners(self._accept, listeners)
 
-    def register(self, instance_id: int, address: str) -> PendingStream:
-        pending = PendingStream(self, uuid.uuid4().hex, instance_id, address)
+    def register(self, subject: str, instance_id: int, address: str) -> PendingStream:
+        pending = PendingStream(self, subject, instance_id, address)
         self._pending[pending.subject] = pending
         return pending
 

@@ -23,10 +23,17 @@ class TcpResponseStream:
     """Frames in, ``Annotated`` items out. Never hangs past the worker's close and never ends
     silently before ``complete_final`` (unless the caller stopped it)."""
 
-    def __init__(self, connection: FramedConnection, codec: PayloadCodec, slot: InflightSlot):
+    def __init__(
+        self,
+        connection: FramedConnection,
+        codec: PayloadCodec,
+        slot: InflightSlot,
+        request_pump: trio.CancelScope | None = None,
+    ):
         self._connection = connection
         self._codec = codec
         self._slot = slot
+        self._request_pump = request_pump  # a bidirectional request's sender, ended with us
         self._final_seen = False
         self._done = False
 
@@ -82,6 +89,8 @@ class TcpResponseStream:
     async def _end(self, error: RoutingError | None = None) -> Annotated | None:
         self._done = True
         self._slot.close()
+        if self._request_pump is not None:
+            self._request_pump.cancel()
         with trio.CancelScope(shield=True):
             await self._connection.aclose()
         return None if error is None else Annotated(error=error)

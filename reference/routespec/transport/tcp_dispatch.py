@@ -8,7 +8,8 @@ ACK, wait for the worker to dial in, read the prologue, then stream frames.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
@@ -20,6 +21,7 @@ from routespec.streaming import (
     Rejection,
     RejectionKind,
     Request,
+    RequestStream,
     pre_stream_failure,
 )
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
@@ -47,6 +49,7 @@ class TcpDispatch:
     def __init__(self, nursery: trio.Nursery, response_plane: ResponsePlane) -> None:
         self.inflight = InflightGauge()
         self._response_plane = response_plane
+        self._nursery = nursery
         self._request_plane = RequestPlane(nursery, self._connection_lost)
         self._tombstones: dict[int, float] = {}
 
@@ -96,53 +99,63 @@ class TcpDispatch:
 
     async def generate(self, instance: Instance, request: Request) -> TcpResponseStream:
         slot = self.inflight.open_slot()  # TRN-015: closed on every path below
-        pending: PendingStream | None = None
+        registrations: list[PendingStream] = []
         connection: FramedConnection | None = None
+        pump: trio.CancelScope | None = None
         try:
             address, _, path = instance.address.partition("/")
             codec = PayloadCodec.named(instance.payload_codec)
-            envelope = self._envelope(request, codec)
-            pending = self._response_plane.register(instance.instance_id, address)
+            inputs = request.payload if isinstance(request.payload, RequestStream) else None
+            response = self._stream_address(request)
+            request_stream = None if inputs is None else self._stream_address(request)
+            control = self._control(request, codec, response, request_stream)
+            body = b"" if inputs is not None else _body(request, codec)  # TRN-020: header only
+            for stream in (response, request_stream):
+                if stream is not None:
+                    registrations.append(
+                        self._response_plane.register(stream.subject, instance.instance_id, address)
+                    )
             if self._tombstoned(instance.instance_id):
                 raise RoutingError(ErrorKind.DISCONNECTED, TOMBSTONED)  # nothing written
             message = RequestMessage(
-                path, self._headers(path, request), envelope(pending.subject)
+                path, self._headers(path, request), TwoPart(control, body).encode()
             ).encode()
             ack = await self._request_plane.send(address, message)
             _raise_rejection(ack)  # TRN-004: before any wait on the response plane
-            connection = await pending.wait()  # TRN-003: any other ACK accepts
+            if inputs is not None:
+                pump = await self._nursery.start(_pump, registrations[1], inputs, codec)
+            connection = await registrations[0].wait()  # TRN-003: any other ACK accepts
             await _read_prologue(connection)
-            return TcpResponseStream(connection, codec, slot)
+            return TcpResponseStream(connection, codec, slot, pump)
         except BaseException:
             slot.close()
-            if pending is not None:
-                connection = pending.drop() or connection
-            if connection is not None:
-                with trio.CancelScope(shield=True):
-                    await connection.aclose()
+            if pump is not None:
+                pump.cancel()
+            opened = [pending.drop() for pending in registrations] + [connection]
+            with trio.CancelScope(shield=True):
+                for leftover in opened:
+                    if leftover is not None:
+                        await leftover.aclose()
             raise
 
-    def _envelope(self, request: Request, codec: PayloadCodec) -> Callable[[str], bytes]:
-        """Encode the body now and check the control size before anything is registered."""
-        try:
-            body = codec.encode(request.payload)
-        except (TypeError, ValueError, OverflowError) as error:
-            raise RoutingError(
-                ErrorKind.INVALID_ARGUMENT,
-                f"request payload cannot be encoded as {codec.value}: {error}",
-            ) from None
-        self._control(request, codec, "0" * 32)  # size check with a subject of final length
+    def _stream_address(self, request: Request) -> StreamAddress:
+        return StreamAddress(self._response_plane.address, uuid.uuid4().hex, request.request_id)
 
-        def build(subject: str) -> bytes:
-            return TwoPart(self._control(request, codec, subject), body).encode()
-
-        return build
-
-    def _control(self, request: Request, codec: PayloadCodec, subject: str) -> bytes:
-        response = StreamAddress(self._response_plane.address, subject, request.request_id)
+    @staticmethod
+    def _control(
+        request: Request,
+        codec: PayloadCodec,
+        response: StreamAddress,
+        request_stream: StreamAddress | None,
+    ) -> bytes:
+        """The control message, size-checked before anything is registered (TRN-002)."""
         try:
             return ControlMessage(
-                request.request_id, codec, response, metadata=dict(request.annotations)
+                request.request_id,
+                codec,
+                response,
+                metadata=dict(request.annotations),
+                request_stream=request_stream,
             ).encode()
         except WireProtocolError as error:
             raise RoutingError(
@@ -159,6 +172,39 @@ class TcpDispatch:
                 "request-id": request.request_id,
             }
         )
+
+
+def _body(request: Request, codec: PayloadCodec) -> bytes:
+    try:
+        return codec.encode(request.payload)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise RoutingError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"request payload cannot be encoded as {codec.value}: {error}",
+        ) from None
+
+
+async def _pump(
+    pending: PendingStream,
+    inputs: RequestStream,
+    codec: PayloadCodec,
+    *,
+    task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Send a bidirectional request's items to the worker that dialled in for them."""
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        connection = await pending.wait()
+        try:
+            async for item in inputs.items:
+                frame = {"data": item, "complete_final": False}
+                await connection.send(TwoPart(body=codec.encode(frame)).encode())
+            await connection.send(TwoPart(body=codec.encode({"complete_final": True})).encode())
+        except (RoutingError, *CONNECTION_ERRORS):
+            pass  # the worker left: its response stream reports that
+        finally:
+            with trio.CancelScope(shield=True):
+                await connection.aclose()
 
 
 def _raise_rejection(ack: str) -> None:

@@ -9,21 +9,24 @@ A ``stop`` or ``kill`` from the caller ends the stream without a final frame.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ipaddress
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 
+import attrs
 import trio
 
 from routespec.errors import ErrorKind, RoutingError
-from routespec.streaming import Request, WorkerHandler
+from routespec.streaming import Request, RequestStream, WorkerHandler
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
 from routespec.transport.connection import FramedConnection
-from routespec.transport.control import ControlMessage, parse_control
+from routespec.transport.control import ControlMessage, StreamAddress, parse_control
 from routespec.transport.frames import TwoPart, WireProtocolError, decode_two_part, encode_ack
 from routespec.transport.wire_errors import encode_error
 
 LOOPBACK = "127.0.0.1"
 SENTINEL = b'"sentinel"'
+PROLOGUE_OK = TwoPart(header=b'{"error":null}').encode()
 STOP, KILL = "stop", "kill"
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -116,13 +119,13 @@ class WorkerServer:
             await connection.send(encode_ack(f"Server unavailable: no endpoint at {path}"))
             return
         failure: WireProtocolError | None = None
-        try:
-            body = control.payload_codec.decode(parts.body, "request.body")
-        except WireProtocolError as error:
-            body, failure = None, error
-        fields = decode_json(parts.header, "control_message")
-        metadata = fields.get("metadata") if isinstance(fields, dict) else None
-        request = Request(control.request_id, body, _string_map(metadata))
+        body: object = None
+        if control.request_stream is None:  # a bidirectional envelope is header-only
+            try:
+                body = control.payload_codec.decode(parts.body, "request.body")
+            except WireProtocolError as error:
+                failure = error
+        request = Request(control.request_id, body, control.metadata)
         rejection = handler.admit(request)
         await connection.send(encode_ack("" if rejection is None else rejection.ack_text()))
         if rejection is None:
@@ -137,42 +140,37 @@ class WorkerServer:
         failure: WireProtocolError | None,
     ) -> None:
         try:
-            stream = await open_stream(control.response.address)
-        except OSError:
-            return  # the caller is gone; it reports its own failure
-        connection = FramedConnection(stream)
-        async with stream:
-            try:
-                await self._stream(connection, control, handler, request, failure)
-            except* CONNECTION_ERRORS:
-                pass  # the caller went away; nothing is left to tell it
+            async with contextlib.AsyncExitStack() as streams:
+                if control.request_stream is not None:
+                    inputs = await streams.enter_async_context(
+                        _dial(control.request_stream, "request")
+                    )
+                    request = attrs.evolve(
+                        request, payload=RequestStream(_read_inputs(inputs, control.payload_codec))
+                    )
+                try:
+                    if failure is not None:
+                        raise RoutingError(ErrorKind.INVALID_ARGUMENT, str(failure))
+                    items = await handler.start(request)
+                except RoutingError as error:
+                    prologue = {"error": str(error), "typed_error": encode_error(error)}
+                    refusal = TwoPart(header=encode_json(prologue)).encode()
+                    await streams.enter_async_context(_dial(control.response, "response", refusal))
+                    return
+                streams.push_async_callback(_close_shielded, items)
+                output = await streams.enter_async_context(
+                    _dial(control.response, "response", PROLOGUE_OK)
+                )
+                await self._stream(output, control.payload_codec, items)
+        except* (OSError, *CONNECTION_ERRORS):
+            pass  # the caller went away; nothing is left to tell it
 
     async def _stream(
-        self,
-        connection: FramedConnection,
-        control: ControlMessage,
-        handler: WorkerHandler,
-        request: Request,
-        failure: WireProtocolError | None,
+        self, output: FramedConnection, codec: PayloadCodec, items: AsyncGenerator[object, None]
     ) -> None:
-        handshake = {"subject": control.response.subject, "stream_type": "response"}
-        await connection.send(TwoPart(header=encode_json(handshake)).encode())
-        try:
-            if failure is not None:
-                raise RoutingError(ErrorKind.INVALID_ARGUMENT, str(failure))
-            items = await handler.start(request)
-        except RoutingError as error:
-            prologue = {"error": str(error), "typed_error": encode_error(error)}
-            await connection.send(TwoPart(header=encode_json(prologue)).encode())
-            return
-        await connection.send(TwoPart(header=b'{"error":null}').encode())
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_control, connection, nursery.cancel_scope)
-            try:
-                await self.send_items(connection, control.payload_codec, items)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await items.aclose()
+            nursery.start_soon(_watch_control, output, nursery.cancel_scope)
+            await self.send_items(output, codec, items)
             nursery.cancel_scope.cancel()
 
     async def send_items(
@@ -190,6 +188,42 @@ class WorkerServer:
         await connection.send(final_frame(codec) + TwoPart(header=SENTINEL).encode())
 
 
+@contextlib.asynccontextmanager
+async def _dial(
+    address: StreamAddress, stream_type: str, then: bytes = b""
+) -> AsyncIterator[FramedConnection]:
+    """Dial the caller's stream server, introduce the stream by its subject and send
+    ``then`` (the prologue) in the same write."""
+    stream = await open_stream(address.address)
+    async with stream:
+        connection = FramedConnection(stream)
+        handshake = {"subject": address.subject, "stream_type": stream_type}
+        await connection.send(TwoPart(header=encode_json(handshake)).encode() + then)
+        yield connection
+
+
+async def _read_inputs(
+    connection: FramedConnection, codec: PayloadCodec
+) -> AsyncGenerator[object, None]:
+    """A bidirectional request's items, until the caller's ``complete_final`` (TRN-020)."""
+    while True:
+        try:
+            frame = await connection.read_two_part()
+        except (WireProtocolError, *CONNECTION_ERRORS):
+            frame = None
+        if frame is None:
+            raise RoutingError(ErrorKind.DISCONNECTED, "request stream ended before complete_final")
+        wrapper = codec.decode(frame.body, "request_stream.frame")
+        if not isinstance(wrapper, dict) or wrapper.get("complete_final") is True:
+            return
+        yield wrapper.get("data")
+
+
+async def _close_shielded(items: AsyncGenerator[object, None]) -> None:
+    with trio.CancelScope(shield=True):
+        await items.aclose()
+
+
 async def _watch_control(connection: FramedConnection, stream_scope: trio.CancelScope) -> None:
     """End the stream when the caller sends ``stop``/``kill`` or goes away."""
     try:
@@ -199,9 +233,3 @@ async def _watch_control(connection: FramedConnection, stream_scope: trio.Cancel
     except (WireProtocolError, *CONNECTION_ERRORS):
         pass
     stream_scope.cancel()
-
-
-def _string_map(value: object) -> dict[str, str]:
-    if not isinstance(value, dict):
-        return {}
-    return {str(key): str(item) for key, item in value.items()}
