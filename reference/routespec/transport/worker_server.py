@@ -21,11 +21,13 @@ from routespec.streaming import Request, RequestStream, WorkerHandler
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
 from routespec.transport.connection import FramedConnection
 from routespec.transport.control import ControlMessage, StreamAddress, parse_control
+from routespec.transport.frame_writer import FrameWriter
 from routespec.transport.frames import TwoPart, WireProtocolError, decode_two_part, encode_ack
 from routespec.transport.wire_errors import encode_error
 
 LOOPBACK = "127.0.0.1"
 SENTINEL = b'"sentinel"'
+SENTINEL_FRAME = TwoPart(header=SENTINEL).encode()
 PROLOGUE_OK = TwoPart(header=b'{"error":null}').encode()
 STOP, KILL = "stop", "kill"
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -180,12 +182,19 @@ class WorkerServer:
         items: AsyncGenerator[object, None],
     ) -> None:
         """Data frames, an error item if the handler fails, then final frame and sentinel."""
-        try:
-            async for item in items:
-                await connection.send(data_frame(codec, {"data": item}))
-        except RoutingError as error:
-            await connection.send(data_frame(codec, error_annotated(error)))
-        await connection.send(final_frame(codec) + TwoPart(header=SENTINEL).encode())
+        async with FrameWriter.open(connection) as out:
+            try:
+                async for item in items:
+                    if not await self.send_item(out, codec, item):
+                        return  # the stream ends here, without a final frame
+            except RoutingError as error:
+                await out.write(data_frame(codec, error_annotated(error)))
+            await out.write(final_frame(codec) + SENTINEL_FRAME)
+
+    async def send_item(self, out: FrameWriter, codec: PayloadCodec, item: object) -> bool:
+        """Write one item; False ends the stream at once."""
+        await out.write(data_frame(codec, {"data": item}))
+        return True
 
 
 @contextlib.asynccontextmanager
