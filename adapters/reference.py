@@ -16,12 +16,19 @@ from routespec.discovery import Instance, MemoryDiscovery
 from routespec.errors import RoutingError, bound_message, error_chain, parse_type_label, type_label
 from routespec.errors import match_error_chain as reference_match_error_chain
 from routespec.in_process import InProcessDispatch
+from routespec.migration import Migration
 from routespec.portal import TrioPortal
-from routespec.push_router import PushRouter, RouterStream
+from routespec.push_router import PushRouter
 from routespec.retained_dispatch import GuardedDispatch
 from routespec.scripted import PREPARED_FOR, ScriptedWorker, build_error
 from routespec.selection import RouterMode
-from routespec.streaming import InflightGauge, Request, RequestStream, StreamingDispatch
+from routespec.streaming import (
+    InflightGauge,
+    ItemStream,
+    Request,
+    RequestStream,
+    StreamingDispatch,
+)
 from routespec.target import (
     Bidirectional,
     Call,
@@ -31,6 +38,7 @@ from routespec.target import (
     DirectWithin,
     ErrorSpec,
     Generate,
+    Migrate,
     ObservedError,
     Outcome,
     Target,
@@ -161,8 +169,10 @@ class ReferenceTarget:
         config: TargetConfig,
         router_class: type[PushRouter],
         cluster: Cluster,
+        migration_class: type[Migration] = Migration,
     ):
         self._portal = portal
+        self._migration_class = migration_class
         self._discovery = MemoryDiscovery()
         self._cluster = cluster
         self._workers: dict[int, ScriptedWorker] = {}
@@ -287,7 +297,7 @@ class ReferenceTarget:
     async def _run(self, request: Request, call: Call) -> None:
         items: list[object] = []
         error_item: ObservedError | None = None
-        stream: RouterStream | None = None
+        stream: ItemStream | None = None
         with trio.CancelScope() as scope:  # drop() cancels it, before or after the stream
             self._scopes[request.request_id] = scope
             try:
@@ -307,8 +317,10 @@ class ReferenceTarget:
         del self._scopes[request.request_id]
         self._outcomes[request.request_id] = Outcome(tuple(items), error_item, scope.cancel_called)
 
-    async def _open_stream(self, request: Request, call: Call) -> RouterStream:
+    async def _open_stream(self, request: Request, call: Call) -> ItemStream:
         router, prepare = self._router, stamp_prepared_target
+        if isinstance(call, Migrate):
+            return await self._migrate(request, call)
         if isinstance(call, Generate):
             return await router.generate(request, RouterMode(call.mode), prepare)
         if isinstance(call, Direct):
@@ -320,6 +332,23 @@ class ReferenceTarget:
             return await router.generate(streamed, RouterMode(call.mode), prepare)
         permit = router.occupancy.book(call.worker_id)
         return await router.dispatch_preselected(request, call.worker_id, permit, prepare)
+
+    async def _migrate(self, request: Request, call: Migrate) -> ItemStream:
+        payload = {
+            "token_ids": list(range(call.prompt)),
+            "max_tokens": call.max_tokens,
+            "min_tokens": call.min_tokens,
+            "n": call.n,
+            "guided_decoding": call.guided,
+        }
+        migration = self._migration_class(self._router, call.limit, call.max_seq_len)
+        return await migration.generate(
+            attrs.evolve(request, payload=payload),
+            RouterMode(call.mode),
+            pin=call.pin,
+            prepare=stamp_prepared_target,
+            is_stopped=lambda: call.stopped,
+        )
 
     # observations
 
@@ -404,12 +433,15 @@ class ReferenceAdapter:
     capabilities: frozenset[Capability] = frozenset(Capability) - WIRE_ONLY
     expected_failures: Mapping[str, str] = attrs.field(factory=dict)
     cluster: ClusterFactory = in_process_cluster
+    migration_class: type[Migration] = Migration
 
     @contextmanager
     def open(self, config: TargetConfig) -> Iterator[Target]:
         portal = TrioPortal()
         try:
-            yield ReferenceTarget(portal, config, self.router_class, self.cluster(portal))
+            yield ReferenceTarget(
+                portal, config, self.router_class, self.cluster(portal), self.migration_class
+            )
         finally:
             portal.close()
 

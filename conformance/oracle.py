@@ -159,6 +159,36 @@ def pre_stream_chain(worker_chain: Sequence[str | None]) -> tuple[str | None, ..
     return ("CannotConnect", *worker_chain)
 
 
+MIGRATABLE_TYPES: frozenset[str] = frozenset(
+    {
+        "CannotConnect",
+        "Disconnected",
+        "ConnectionTimeout",
+        "ResponseTimeout",
+        "WorkerOverloaded",
+        "WorkerUnavailable",
+        *(
+            backend(kind)
+            for kind in (
+                "CannotConnect",
+                "Disconnected",
+                "ConnectionTimeout",
+                "ResponseTimeout",
+                "EngineShutdown",
+                "StreamIncomplete",
+            )
+        ),
+    }
+)
+"""Types that make a failure migratable when no link blocks it (spec/migration.md)."""
+
+
+def migratable(chain: Sequence[str | None]) -> bool:
+    """MIG-001/002/003: a migratable link and no blocking (migration-sensitive) link."""
+    labels = set(chain)
+    return bool(labels & MIGRATABLE_TYPES) and not labels & MIGRATION_SENSITIVE_TYPES
+
+
 REJECTION_TYPES = {True: "WorkerOverloaded", False: "WorkerUnavailable"}
 """The error a rejection ACK becomes, by ``Reject.overloaded`` (TRN-004)."""
 

@@ -31,6 +31,7 @@ from routespec.target import (
     FailBeforeStream,
     FailMidStream,
     Generate,
+    Migrate,
     Outcome,
     Preselected,
     Reject,
@@ -309,7 +310,7 @@ class DispatchMachine(RuleBasedStateMachine):
 
     def check_overload_masking(self, call: Call, outcome: Outcome | None) -> None:
         """A target without a transport record must not fail as overloaded (DSP-003)."""
-        if isinstance(call, Generate | Bidirectional) or outcome is None or outcome.error is None:
+        if isinstance(call, Generate | Bidirectional | Migrate) or not outcome or not outcome.error:
             return
         target = self.model.workers.get(call.worker_id)
         if target is not None and not target.record and call.worker_id in self.model.overloaded():

@@ -3,7 +3,8 @@
 Modules follow the spec's layers, each importing only those above it in this list:
 ``errors`` (ERR) -> ``discovery`` / ``worker_sets`` (SET) -> ``occupancy`` / ``selection`` (SEL)
 -> ``streaming`` / ``fault_detection`` / ``push_router`` (DSP, FLT) -> ``in_process`` /
-``scripted`` and the ``transport`` package (TRN: Dynamo 1.6.1's TCP wire, the final hop).
+``scripted`` and the ``transport`` package (TRN: Dynamo 1.6.1's TCP wire, the final hop)
+-> ``exclusions`` / ``migration`` (MIG).
 ``target`` is the public protocol the conformance suite drives.
 """
 

@@ -9,6 +9,7 @@ import attrs
 
 from routespec.discovery import Discovery, Instance
 from routespec.errors import ErrorKind, RoutingError
+from routespec.exclusions import Exclusions
 from routespec.fault_detection import observe_fault
 from routespec.occupancy import OccupancyTracker, Permit
 from routespec.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
@@ -77,9 +78,13 @@ class PushRouter:
         request: Request,
         mode: RouterMode = RouterMode.ROUND_ROBIN,
         prepare: Prepare | None = None,
+        exclusions: Exclusions | None = None,
     ) -> RouterStream:
         """Select from the free set (SEL-003) by a builtin ``mode`` (SEL-001), then dispatch
-        with ordinary fallback. A ``RequestStream`` payload makes it bidirectional."""
+        with ordinary fallback. A ``RequestStream`` payload makes it bidirectional.
+
+        ``exclusions`` (a migrating request's tried workers) are never selected, not even
+        by transport fallback, and a failed dispatch records its worker there (MIG-010)."""
         if mode in (RouterMode.KV, RouterMode.DIRECT):
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
@@ -92,7 +97,11 @@ class PushRouter:
                 f"router mode {mode.value} is not yet supported for bidirectional dispatch "
                 "(TRN-021)",
             )
+        if exclusions and not exclusions.eligible(self.worker_sets.routable_ids()):
+            raise exclusions.exhausted()  # MIG-012: every routable worker has failed it
         free = self.worker_sets.free_ids()
+        if exclusions:
+            free = tuple(exclusions.eligible(free))
         if not free:
             if self.worker_sets.routable_ids():
                 raise RoutingError(
@@ -101,8 +110,9 @@ class PushRouter:
             raise RoutingError(
                 ErrorKind.UNAVAILABLE, f"No workers available for endpoint {self.endpoint}"
             )  # SEL-005
+        fallback = ALLOW if not exclusions else TransportFallback(True, frozenset(free))
         chosen, permit = self.selector.select(mode, free)
-        return await self._dispatch(request, chosen, ALLOW, permit, prepare)
+        return await self._dispatch(request, chosen, fallback, permit, prepare, exclusions)
 
     async def direct(
         self, request: Request, instance_id: int, prepare: Prepare | None = None
@@ -144,7 +154,13 @@ class PushRouter:
         fallback: TransportFallback,
         permit: Permit | None,
         prepare: Prepare | None,
+        exclusions: Exclusions | None = None,
     ) -> RouterStream:
+        def on_fault(instance_id: int, error: RoutingError) -> None:
+            self._observe_fault(instance_id, error)
+            if exclusions is not None:
+                exclusions.record(instance_id, error)  # MIG-010: before it is visible
+
         try:
             instance = self._resolve_and_check(target, fallback)
             if permit is not None and instance.instance_id != permit.instance_id:
@@ -153,13 +169,13 @@ class PushRouter:
             try:  # one send per call: the router never re-sends (DSP-014)
                 stream = await self.transport.generate(instance, prepared)
             except RoutingError as error:
-                self._observe_fault(instance.instance_id, error)
+                on_fault(instance.instance_id, error)
                 raise
         except BaseException:
             if permit is not None:
                 permit.release()  # DSP-011: released before the failure is visible
             raise
-        return RouterStream(stream, instance.instance_id, permit, self._observe_fault)
+        return RouterStream(stream, instance.instance_id, permit, on_fault)
 
     def _resolve_and_check(self, target: int, fallback: TransportFallback) -> Instance:
         """Resolve transport, then check overload on the resolved worker (DSP-003, DSP-004)."""

@@ -10,6 +10,7 @@ import trio
 from routespec.errors import RoutingError, parse_type_label
 from routespec.streaming import Rejection, RejectionKind, Request, RequestStream
 from routespec.target import (
+    CancelThenFail,
     Delivery,
     ErrorSpec,
     FailBeforeStream,
@@ -58,9 +59,13 @@ class ScriptedWorker:
     def admit(self, request: Request) -> Rejection | None:
         """Every request that reaches the worker is logged, admitted or not."""
         prepared = request.annotations.get(PREPARED_FOR)
+        payload = None if isinstance(request.payload, RequestStream) else request.payload
         self.log.append(
             Delivery(
-                request.request_id, self.worker_id, None if prepared is None else int(prepared)
+                request.request_id,
+                self.worker_id,
+                None if prepared is None else int(prepared),
+                payload,
             )
         )
         if isinstance(self.script, Reject):
@@ -81,9 +86,20 @@ class ScriptedWorker:
         if isinstance(request.payload, RequestStream):  # echo each input first (TRN-020)
             async for value in request.payload.items:
                 yield {"worker": self.worker_id, "request": request_id, "input": value}
-        for index in range(getattr(script, "items", 0)):
-            yield self._item(request_id, index)
+        tokens = _token_request(request.payload)
+        first = getattr(script, "items", 0)
+        total = first + (script.items_after if isinstance(script, Stall) else 0)
+        if tokens is not None:  # a token request: the script decides only where it fails
+            budget = tokens[1]
+            first = budget if isinstance(script, Serve) else min(first, budget)
+            total = budget if isinstance(script, Serve | Stall) else first
+        for index in range(first):
+            yield self._item(request, index, tokens, last=index == total - 1)
         if isinstance(script, FailMidStream):
+            raise build_error(script.error)
+        if isinstance(script, CancelThenFail):
+            yield {"worker": self.worker_id, "request": request_id, "token_ids": [],
+                   "finish_reason": "cancelled"}  # fmt: skip
             raise build_error(script.error)
         if isinstance(script, Misbehave):
             yield WireFaultMarker(script.fault)
@@ -91,8 +107,27 @@ class ScriptedWorker:
             if self.on_stall is not None:
                 self.on_stall(request_id)
             await release.wait()
-            for after in range(script.items_after):
-                yield self._item(request_id, script.items + after)
+            for index in range(first, total):
+                yield self._item(request, index, tokens, last=index == total - 1)
 
-    def _item(self, request_id: str, index: int) -> object:
-        return {"worker": self.worker_id, "request": request_id, "index": index}
+    def _item(
+        self, request: Request, index: int, tokens: tuple[int, int] | None, *, last: bool
+    ) -> object:
+        item: dict[str, object] = {
+            "worker": self.worker_id,
+            "request": request.request_id,
+            "index": index,
+        }
+        if tokens is not None:
+            item["token_ids"] = [tokens[0] + index]  # the position it continues
+            if last:
+                item["finish_reason"] = "stop"
+        return item
+
+
+def _token_request(payload: object) -> tuple[int, int] | None:
+    """(prompt length, max_tokens) of a token request, or None for any other payload."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("token_ids"), list):
+        return None
+    budget = payload.get("max_tokens")
+    return len(payload["token_ids"]), budget if isinstance(budget, int) else 16

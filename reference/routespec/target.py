@@ -46,6 +46,7 @@ class Capability(enum.Enum):
     WIRE_TRANSPORT = "transport:dynamo-wire"
     FIRST_RESPONSE_GUARD = "call:first-response-guard"
     BIDIRECTIONAL = "call:bidirectional"
+    MIGRATION = "call:migration"
     MOCK_CLOCK = "time:mock-clock"
     CONFIGURE_INHIBITION = "config:inhibited-duration"
     OBSERVE_WORKER_SETS = "observe:worker-sets"
@@ -136,7 +137,18 @@ class Misbehave:
     fault: WireFault
 
 
-WorkerScript = Serve | FailBeforeStream | FailMidStream | Stall | Reject | Misbehave
+@attrs.frozen
+class CancelThenFail:
+    """Yield ``items`` data items, then a terminal frame (``finish_reason: "cancelled"``),
+    then one error item: an engine shutting down under a request."""
+
+    items: int
+    error: ErrorSpec
+
+
+WorkerScript = (
+    Serve | FailBeforeStream | FailMidStream | Stall | Reject | Misbehave | CancelThenFail
+)
 
 
 # --- router calls ---
@@ -180,7 +192,31 @@ class Bidirectional:
     inputs: int
 
 
-Call = Generate | Direct | DirectWithin | Preselected | Bidirectional
+@attrs.frozen
+class Migrate:
+    """A token request through migration: prompt tokens ``0 .. prompt-1``, ``max_tokens`` to
+    generate, sent by ``generate(mode)`` or, with ``pin``, exactly to that worker.
+
+    A scripted worker answers a token request with one token per item, each the position
+    it continues (``prompt length + i``), the last with ``finish_reason: "stop"``; its script
+    decides where it fails (``FailMidStream(k, …)`` fails after ``k`` tokens). So a request
+    that completes must read exactly ``prompt, prompt+1, …, prompt+max_tokens-1``.
+    ``stopped`` marks the caller's context stopped before the first attempt.
+    """
+
+    mode: str = "round-robin"
+    limit: int = 3
+    prompt: int = 4
+    max_tokens: int = 6
+    min_tokens: int = 0
+    n: int = 1
+    guided: bool = False
+    max_seq_len: int | None = None
+    pin: int | None = None
+    stopped: bool = False
+
+
+Call = Generate | Direct | DirectWithin | Preselected | Bidirectional | Migrate
 
 
 # --- observations ---
@@ -226,6 +262,8 @@ class Delivery:
     request_id: str
     worker_id: int
     prepared_for: int | None = None
+    payload: object = None
+    """The request as this worker received it (for token requests: prompt and budgets)."""
 
 
 @attrs.frozen

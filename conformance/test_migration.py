@@ -1,0 +1,387 @@
+"""Migration (MIG): which failures are retried, how often, where, and what the client reads.
+
+Every check sends token requests (``Migrate``): a completed request must read exactly the
+tokens ``prompt .. prompt + max_tokens - 1``, whichever workers produced them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import oracle
+from conformance.checks import covers, require, requires
+from conformance.scenario import finished, loads, reached, spec_of
+from routespec.target import (
+    CancelThenFail,
+    Capability,
+    ErrorSpec,
+    FailBeforeStream,
+    FailMidStream,
+    Migrate,
+    Outcome,
+    Reject,
+    Serve,
+    Target,
+    WorkerScript,
+)
+
+PROMPT, MAX_TOKENS = 4, 6
+EXPECTED = list(range(PROMPT, PROMPT + MAX_TOKENS))
+OTHER_TYPES = sorted(
+    label
+    for label in oracle.TYPE_LABELS
+    if label not in oracle.MIGRATABLE_TYPES and label not in oracle.MIGRATION_SENSITIVE_TYPES
+)
+
+
+def tokens(outcome: Outcome) -> list[int]:
+    found: list[int] = []
+    for item in outcome.items:
+        if isinstance(item, dict) and isinstance(item.get("token_ids"), list):
+            found.extend(item["token_ids"])
+    return found
+
+
+def deliveries(target: Target, request: str) -> list[int]:
+    return reached(target, request)
+
+
+def cluster(target: Target, *scripts: WorkerScript) -> list[int]:
+    workers = []
+    for script in scripts:
+        worker = target.add_worker()
+        target.script_worker(worker, script)
+        workers.append(worker)
+    return workers
+
+
+def completes(target: Target, request: str, requirement: str, detail: str) -> Outcome:
+    outcome = finished(target, request, requirement)
+    require(
+        requirement,
+        outcome.error is None and tokens(outcome) == EXPECTED,
+        f"{detail}: expected the tokens {EXPECTED} and no error, got {outcome}",
+    )
+    return outcome
+
+
+# --- MIG-001 ---
+
+BLOCKED_CHAINS = [
+    pytest.param(chain, id="-".join(map(str, chain)))
+    for label in sorted(oracle.MIGRATION_SENSITIVE_TYPES)
+    for chain in ((label,), ("Disconnected", label), (label, "Backend(EngineShutdown)"))
+]
+
+
+@covers("MIG-001")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.DIRECT)
+@pytest.mark.parametrize("chain", BLOCKED_CHAINS)
+def test_blocking_types_veto_migration(target: Target, chain: tuple[str, ...]) -> None:
+    failing, _ = cluster(target, FailMidStream(2, spec_of(chain)), Serve())
+    request = target.submit(Migrate(mode="round-robin", limit=3, pin=None))
+    outcome = finished(target, request, "MIG-001")
+    require(
+        "MIG-001",
+        deliveries(target, request) == [failing]
+        and outcome.error is not None
+        and outcome.error.typed_chain == tuple(oracle.typed(chain))
+        and tokens(outcome) == EXPECTED[:2],
+        f"worker {failing} failed with {chain} after 2 tokens; the request should end with "
+        f"that error, unretried; reached {deliveries(target, request)}, got {outcome}",
+    )
+
+
+# --- MIG-002 ---
+
+
+@covers("MIG-002")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("label", sorted(oracle.MIGRATABLE_TYPES))
+@pytest.mark.parametrize("where", ["before-stream", "mid-stream"])
+def test_migratable_failures_are_retried(target: Target, label: str, where: str) -> None:
+    script: WorkerScript = FailMidStream(3, ErrorSpec(label))
+    if where == "before-stream":
+        script = FailBeforeStream(ErrorSpec(label))
+    failing, spare = cluster(target, script, Serve())
+    request = target.submit(Migrate(limit=1))
+    completes(target, request, "MIG-002", f"worker {failing} failed {where} with {label}")
+    require(
+        "MIG-002",
+        deliveries(target, request) == [failing, spare],
+        f"expected attempts on {failing} then {spare}, got {deliveries(target, request)}",
+    )
+
+
+@covers("MIG-002")
+@requires(Capability.MIGRATION, Capability.SCRIPT_REJECTION)
+@pytest.mark.parametrize("overloaded", [True, False], ids=["overloaded", "unavailable"])
+def test_rejections_are_retried(target: Target, overloaded: bool) -> None:
+    failing, spare = cluster(target, Reject(overloaded=overloaded), Serve())
+    request = target.submit(Migrate(limit=1))
+    completes(target, request, "MIG-002", f"worker {failing} rejected the request")
+    require("MIG-002", deliveries(target, request) == [failing, spare], "not retried")
+
+
+# --- MIG-003 ---
+
+
+@covers("MIG-003")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("label", [None, *OTHER_TYPES])
+def test_other_failures_pass_through(target: Target, label: str | None) -> None:
+    failing, _ = cluster(target, FailMidStream(1, ErrorSpec(label, "as is")), Serve())
+    request = target.submit(Migrate(limit=3))
+    outcome = finished(target, request, "MIG-003")
+    require(
+        "MIG-003",
+        deliveries(target, request) == [failing]
+        and outcome.error is not None
+        and outcome.error.links == ((label, "as is"),)
+        and tokens(outcome) == EXPECTED[:1],
+        f"a {label or 'untyped'} error item should reach the client unchanged after one "
+        f"attempt; reached {deliveries(target, request)}, got {outcome}",
+    )
+
+
+# --- MIG-004, MIG-010, MIG-012 ---
+
+
+@covers("MIG-004", "MIG-010")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("limit", [0, 1, 2, 2**64 - 1])
+def test_attempts_are_bounded_and_never_repeat_a_worker(target: Target, limit: int) -> None:
+    workers = cluster(target, *(FailBeforeStream(ErrorSpec("Disconnected")) for _ in range(4)))
+    request = target.submit(Migrate(limit=limit))
+    outcome = finished(target, request, "MIG-004")
+    attempts = deliveries(target, request)
+    require(
+        "MIG-004",
+        outcome.error is not None and len(attempts) == min(limit + 1, len(workers)),
+        f"limit {limit}, {len(workers)} failing workers: {len(attempts)} attempts, {outcome}",
+    )
+    require(
+        "MIG-010",
+        len(set(attempts)) == len(attempts),
+        f"an attempt went back to a worker that had failed the request: {attempts}",
+    )
+
+
+@covers("MIG-012")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.SCRIPT_REJECTION)
+@pytest.mark.parametrize(
+    ("script", "expected", "message"),
+    [
+        (Reject(overloaded=True), "ResourceExhausted", "rejected the request as overloaded"),
+        (FailBeforeStream(ErrorSpec("Disconnected")), "Unavailable", "no untried eligible"),
+    ],
+    ids=["overloaded", "failed"],
+)
+def test_an_exhausted_eligible_set_ends_migration(
+    target: Target, script: WorkerScript, expected: str, message: str
+) -> None:
+    workers = cluster(target, script, script, script)
+    request = target.submit(Migrate(limit=10))
+    outcome = finished(target, request, "MIG-012")
+    require(
+        "MIG-012",
+        sorted(deliveries(target, request)) == workers
+        and outcome.error is not None
+        and outcome.error.pre_stream
+        and outcome.error.typed_chain == (expected,)
+        and message in outcome.error.links[0][1],
+        f"every worker failed with {script}; expected {expected} '{message}…' after one "
+        f"attempt each; reached {deliveries(target, request)}, got {outcome}",
+    )
+
+
+# --- MIG-005 ---
+
+
+@covers("MIG-005")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize(
+    ("call", "migrates"),
+    [
+        (Migrate(limit=2, n=2), False),
+        (Migrate(limit=2, guided=True), False),
+        (Migrate(limit=2, max_seq_len=PROMPT + 1), False),
+        (Migrate(limit=2, max_seq_len=PROMPT + 2), True),
+    ],
+    ids=["n=2", "guided", "past-max-seq-len", "at-max-seq-len"],
+)
+def test_migration_is_off_where_it_would_change_the_answer(
+    target: Target, call: Migrate, migrates: bool
+) -> None:
+    failing, _ = cluster(target, FailMidStream(2, ErrorSpec("Disconnected")), Serve())
+    request = target.submit(call)
+    outcome = finished(target, request, "MIG-005")
+    attempts = deliveries(target, request)
+    require(
+        "MIG-005",
+        len(attempts) == (2 if migrates else 1)
+        and (outcome.error is None) == migrates
+        and attempts[0] == failing,
+        f"{call} after 2 tokens failed on {failing}: expected "
+        f"{'a migration' if migrates else 'one attempt'}; reached {attempts}, got {outcome}",
+    )
+
+
+# --- MIG-006, MIG-007 ---
+
+
+@covers("MIG-006")
+@requires(Capability.MIGRATION)
+def test_a_stopped_request_makes_no_attempt(target: Target) -> None:
+    cluster(target, Serve())
+    request = target.submit(Migrate(stopped=True))
+    outcome = finished(target, request, "MIG-006")
+    require(
+        "MIG-006",
+        not deliveries(target, request)
+        and outcome.error is not None
+        and outcome.error.typed_chain == ("Cancelled",),
+        f"a stopped request reached {deliveries(target, request)} and ended {outcome}",
+    )
+
+
+@covers("MIG-007", "MIG-009")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("min_tokens", [0, 1, 5])
+def test_a_replacement_continues_where_the_stream_stopped(target: Target, min_tokens: int) -> None:
+    failing, spare = cluster(target, FailMidStream(2, ErrorSpec("Disconnected")), Serve())
+    request = target.submit(Migrate(limit=1, min_tokens=min_tokens))
+    completes(target, request, "MIG-009", "a worker failed after 2 tokens")
+    log = [d for d in target.dispatch_log() if d.request_id == request]
+    require(
+        "MIG-007",
+        [d.worker_id for d in log] == [failing, spare],
+        f"both attempts should carry the id {request}: {log}",
+    )
+    follow_up = log[1].payload
+    expected = {
+        "token_ids": list(range(PROMPT + 2)),
+        "max_tokens": MAX_TOKENS - 2,
+        "min_tokens": max(0, min_tokens - 2),
+    }
+    seen = {key: follow_up.get(key) for key in expected} if isinstance(follow_up, dict) else {}
+    require(
+        "MIG-009",
+        seen == expected,
+        f"the replacement should continue with {expected}, got {seen}",
+    )
+
+
+# --- MIG-008 ---
+
+
+@covers("MIG-008")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+def test_without_a_replacement_the_original_error_item_stands(target: Target) -> None:
+    original = ("Backend(EngineShutdown)",)
+    failing, other = cluster(
+        target,
+        FailMidStream(2, spec_of(original)),
+        FailBeforeStream(ErrorSpec("InvalidArgument")),
+    )
+    request = target.submit(Migrate(limit=1))
+    outcome = finished(target, request, "MIG-008")
+    require(
+        "MIG-008",
+        deliveries(target, request) == [failing, other]
+        and outcome.error is not None
+        and not outcome.error.pre_stream
+        and outcome.error.typed_chain == original
+        and tokens(outcome) == EXPECTED[:2],
+        f"the replacement on {other} failed; the client should get the original error item "
+        f"{original} after 2 tokens; got {outcome}",
+    )
+
+
+# --- MIG-011 ---
+
+
+@covers("MIG-011")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+def test_an_explicit_pin_blocks_migration(target: Target) -> None:
+    pinned, _ = cluster(target, FailMidStream(2, ErrorSpec("Disconnected")), Serve())
+    request = target.submit(Migrate(limit=3, pin=pinned))
+    outcome = finished(target, request, "MIG-011")
+    require(
+        "MIG-011",
+        deliveries(target, request) == [pinned]
+        and outcome.error is not None
+        and outcome.error.typed_chain == ("Disconnected",),
+        f"a request pinned to {pinned} reached {deliveries(target, request)}: {outcome}",
+    )
+
+
+# --- MIG-013 ---
+
+
+@covers("MIG-013")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("before", [0, 3])
+def test_a_migrated_request_reads_as_one_clean_stream(target: Target, before: int) -> None:
+    cluster(target, CancelThenFail(before, ErrorSpec("Backend(EngineShutdown)")), Serve())
+    request = target.submit(Migrate(limit=1))
+    outcome = completes(target, request, "MIG-013", "an engine shut down after a cancel frame")
+    reasons = [i.get("finish_reason") for i in outcome.items if isinstance(i, dict)]
+    require(
+        "MIG-013",
+        "cancelled" not in reasons and reasons[-1] == "stop",
+        f"the aborted attempt's terminal frame reached the client: {reasons}",
+    )
+
+
+# --- MIG-014 ---
+
+
+@covers("MIG-014")
+@requires(
+    Capability.MIGRATION,
+    Capability.SCRIPT_FAILURES,
+    Capability.SCRIPT_REJECTION,
+    Capability.OBSERVE_OCCUPANCY,
+    Capability.OBSERVE_INFLIGHT,
+    Capability.LEAST_LOADED,
+)
+def test_bookings_return_to_zero_after_migration(target: Target) -> None:
+    cluster(
+        target,
+        FailMidStream(1, ErrorSpec("Disconnected")),
+        Reject(overloaded=True),
+        CancelThenFail(2, ErrorSpec("Backend(EngineShutdown)")),
+        FailBeforeStream(ErrorSpec("Cancelled")),
+        Serve(),
+    )
+    for limit in (0, 1, 4):
+        target.submit(Migrate(mode="least-loaded", limit=limit))
+        require(
+            "MIG-014",
+            not loads(target) and target.transport_inflight() == 0,
+            f"after a request with limit {limit}: bookings {loads(target)}, "
+            f"inflight {target.transport_inflight()}",
+        )
+
+
+# --- MIG-015 ---
+
+
+@covers("MIG-015")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("label", oracle.TYPE_LABELS)
+def test_one_set_decides_transport_and_migration(target: Target, label: str) -> None:
+    worker, _ = cluster(target, FailBeforeStream(ErrorSpec(label)), Serve())
+    pre_stream = finished(target, target.submit(Migrate(limit=0, pin=worker)), "MIG-015")
+    withheld = pre_stream.error is not None and label not in pre_stream.error.typed_chain
+    target.advance_time(60.0)  # let the pre-stream failure's inhibition lapse
+    target.script_worker(worker, FailMidStream(0, spec_of(("Disconnected", label))))
+    request = target.submit(Migrate(limit=1))
+    blocked = deliveries(target, request) == [worker]
+    require(
+        "MIG-015",
+        withheld == blocked,
+        f"{label}: the transport {'withholds' if withheld else 'keeps'} it as a pre-stream "
+        f"cause, but migration {'refuses' if blocked else 'retries'} an error item carrying it",
+    )

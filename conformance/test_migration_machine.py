@@ -1,0 +1,181 @@
+"""A stateful machine for migration: random worker failures under random limits.
+
+Each request is a token request, so its expected answer is known without a model: a request
+that completes reads exactly the tokens of one uninterrupted generation. The machine checks,
+for every request, the invariants of MIG against the dispatch log and the workers' scripts.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from conformance import oracle
+from conformance.checks import covers, require, requires
+from conformance.scenario import MODE_CAPABILITY
+from routespec.target import (
+    Adapter,
+    CancelThenFail,
+    Capability,
+    ErrorSpec,
+    FailBeforeStream,
+    FailMidStream,
+    Migrate,
+    Outcome,
+    Reject,
+    Serve,
+    Target,
+    TargetConfig,
+    WorkerScript,
+)
+
+MAX_WORKERS = 5
+MODES = ("round-robin", "random", "least-loaded", "power-of-two-choices")
+LABELS: tuple[str | None, ...] = (None, *oracle.TYPE_LABELS)
+
+errors = st.builds(
+    ErrorSpec,
+    st.sampled_from(LABELS),
+    st.just("injected"),
+    st.none() | st.builds(ErrorSpec, st.sampled_from(LABELS)),
+)
+scripts: st.SearchStrategy[WorkerScript] = st.one_of(
+    st.just(Serve()),
+    st.builds(FailBeforeStream, errors),
+    st.builds(FailMidStream, st.integers(0, 4), errors),
+    st.builds(CancelThenFail, st.integers(0, 3), errors),
+    st.builds(Reject, st.booleans()),
+)
+
+
+def visible_failure(script: WorkerScript) -> tuple[str | None, ...] | None:
+    """The chain a caller sees from a worker under ``script``, or None if it succeeds."""
+    if isinstance(script, Reject):
+        return (oracle.REJECTION_TYPES[script.overloaded],)
+    if isinstance(script, FailBeforeStream):
+        return oracle.pre_stream_chain([link.type for link in script.error.chain()])
+    if isinstance(script, FailMidStream | CancelThenFail):
+        return tuple(link.type for link in script.error.chain())
+    return None
+
+
+def tokens(outcome: Outcome) -> list[int]:
+    return [
+        token
+        for item in outcome.items
+        if isinstance(item, dict) and isinstance(item.get("token_ids"), list)
+        for token in item["token_ids"]
+    ]
+
+
+class MigrationMachine(RuleBasedStateMachine):
+    def __init__(self, adapter: Adapter) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.caps = adapter.capabilities
+        self.context: AbstractContextManager[Target] | None = None
+        self.target: Target
+        self.scripts: dict[int, WorkerScript] = {}
+
+    @initialize(seed=st.integers(0, 2**32 - 1), workers=st.integers(1, 3))
+    def open_target(self, seed: int, workers: int) -> None:
+        self.context = self.adapter.open(TargetConfig(seed))
+        self.target = self.context.__enter__()
+        for _ in range(workers):
+            self.add_worker()
+
+    def teardown(self) -> None:
+        if self.context is not None:
+            self.context.__exit__(None, None, None)
+
+    @precondition(lambda self: len(self.scripts) < MAX_WORKERS)
+    @rule()
+    def add_worker(self) -> None:
+        self.scripts[self.target.add_worker()] = Serve()
+
+    @rule(pick=st.integers(0, MAX_WORKERS), script=scripts)
+    def script_worker(self, pick: int, script: WorkerScript) -> None:
+        if isinstance(script, Reject) and Capability.SCRIPT_REJECTION not in self.caps:
+            return
+        worker = sorted(self.scripts)[pick % len(self.scripts)]
+        self.target.script_worker(worker, script)
+        self.scripts[worker] = script
+
+    @precondition(lambda self: Capability.MOCK_CLOCK in self.caps)
+    @rule(seconds=st.sampled_from([0.5, 1.0, 5.0, 10.0]))
+    def advance_time(self, seconds: float) -> None:
+        self.target.advance_time(seconds)
+
+    @rule(
+        mode=st.sampled_from(MODES),
+        limit=st.integers(0, 4),
+        prompt=st.integers(0, 4),
+        max_tokens=st.integers(0, 6),
+        min_tokens=st.integers(0, 3),
+        pin=st.none() | st.integers(0, MAX_WORKERS),
+    )
+    def submit(
+        self, mode: str, limit: int, prompt: int, max_tokens: int, min_tokens: int, pin: int | None
+    ) -> None:
+        if MODE_CAPABILITY[mode] not in self.caps:
+            mode = "round-robin"
+        pinned = None if pin is None else sorted(self.scripts)[pin % len(self.scripts)]
+        call = Migrate(mode, limit, prompt, max_tokens, min_tokens, pin=pinned)
+        request = self.target.submit(call)
+        outcome = self.target.outcome(request)
+        require("MIG-008", outcome is not None, f"{call} is still open; no worker stalls here")
+        assert outcome is not None
+        attempts = [d.worker_id for d in self.target.dispatch_log() if d.request_id == request]
+        said = f"{call} reached {attempts} and ended {outcome}"
+        require("MIG-004", len(attempts) <= limit + 1, f"more than limit + 1 attempts: {said}")
+        require("MIG-011", pinned is None or attempts in ([], [pinned]), f"pin moved: {said}")
+        require("MIG-010", len(set(attempts)) == len(attempts), f"a worker was retried: {said}")
+        for worker in attempts[:-1]:
+            chain = visible_failure(self.scripts[worker])
+            require(
+                "MIG-001" if chain and set(chain) & oracle.MIGRATION_SENSITIVE_TYPES else "MIG-003",
+                chain is not None and oracle.migratable(chain),
+                f"worker {worker} under {self.scripts[worker]} should end the request "
+                f"(chain {chain}), yet it was retried: {said}",
+            )
+        expected = list(range(prompt, prompt + max_tokens))
+        got = tokens(outcome)
+        require(
+            "MIG-009",
+            got == expected if outcome.error is None else got == expected[: len(got)],
+            f"the client's tokens {got} are not one uninterrupted generation {expected}: {said}",
+        )
+        reasons = [i.get("finish_reason") for i in outcome.items if isinstance(i, dict)]
+        require(
+            "MIG-013",
+            "cancelled" not in reasons[:-1]
+            and (reasons[-1:] != ["cancelled"] or outcome.error is not None),
+            f"an aborted attempt's terminal frame reached the client: {said}",
+        )
+        if Capability.OBSERVE_OCCUPANCY in self.caps and Capability.OBSERVE_INFLIGHT in self.caps:
+            booked = {w: n for w, n in self.target.occupancy().items() if n}
+            inflight = self.target.transport_inflight()
+            require(
+                "MIG-014",
+                not booked and inflight == 0,
+                f"after {said}: bookings {booked}, inflight {inflight}",
+            )
+
+
+@covers(
+    "MIG-001", "MIG-003", "MIG-004", "MIG-008", "MIG-009", "MIG-010", "MIG-011", "MIG-013",
+    "MIG-014",
+)  # fmt: skip
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+def test_migration_machine(adapter: Adapter) -> None:
+    factory = lambda: MigrationMachine(adapter)  # noqa: E731
+    run_state_machine_as_test(factory, settings=settings())  # type: ignore[arg-type]

@@ -1,0 +1,230 @@
+"""Migration: retry typed failures on another worker and deliver one clean stream (spec: MIG).
+
+A request is a token request when its payload is a map with ``token_ids`` (the prompt) and
+optionally ``max_tokens``, ``min_tokens``, ``n`` and ``guided_decoding``; each response item
+carries the ``token_ids`` it generated and may carry a ``finish_reason``. Mid-stream
+migration needs that shape (delivered tokens are appended to the prompt); failures before
+the stream are retried for any request.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from routespec.errors import (
+    MIGRATION_BLOCKING_TYPES,
+    BackendKind,
+    ErrorKind,
+    ErrorType,
+    RoutingError,
+    match_error_chain,
+)
+from routespec.exclusions import Exclusions
+from routespec.push_router import Prepare, PushRouter, RouterStream
+from routespec.selection import RouterMode
+from routespec.streaming import Annotated, Request
+
+MIGRATABLE_TYPES: frozenset[ErrorType] = frozenset(
+    {
+        ErrorKind.CANNOT_CONNECT,
+        ErrorKind.DISCONNECTED,
+        ErrorKind.CONNECTION_TIMEOUT,
+        ErrorKind.RESPONSE_TIMEOUT,
+        ErrorKind.WORKER_OVERLOADED,
+        ErrorKind.WORKER_UNAVAILABLE,
+        BackendKind.CANNOT_CONNECT,
+        BackendKind.DISCONNECTED,
+        BackendKind.CONNECTION_TIMEOUT,
+        BackendKind.RESPONSE_TIMEOUT,
+        BackendKind.ENGINE_SHUTDOWN,
+        BackendKind.STREAM_INCOMPLETE,
+    }
+)
+BLOCKING_TYPES = MIGRATION_BLOCKING_TYPES  # the transport's sensitive set: one object (MIG-015)
+CANCELLED_FINISH = "cancelled"
+
+
+def is_migratable(error: BaseException) -> bool:
+    """A migratable type on some link and no blocking type on any link (MIG-001, MIG-002,
+    MIG-003)."""
+    return match_error_chain(error, MIGRATABLE_TYPES, BLOCKING_TYPES)
+
+
+def migration_permitted(payload: object) -> bool:
+    """Migration is off for n > 1 and for guided decoding (MIG-005)."""
+    if not isinstance(payload, Mapping):
+        return True
+    return payload.get("n", 1) in (None, 1) and not payload.get("guided_decoding", False)
+
+
+def continued(payload: Mapping[str, object], delivered: list[int]) -> dict[str, object]:
+    """The request a replacement worker gets: delivered tokens join the prompt and the
+    token budgets shrink by as many, never below zero (MIG-009)."""
+    prompt = payload.get("token_ids")
+    follow_up = dict(payload)
+    follow_up["token_ids"] = [*(prompt if isinstance(prompt, list) else []), *delivered]
+    for budget in ("max_tokens", "min_tokens"):
+        value = payload.get(budget)
+        if isinstance(value, int):
+            follow_up[budget] = max(0, value - len(delivered))
+    return follow_up
+
+
+@attrs.define
+class Migration:
+    """Wraps a ``PushRouter``: up to ``limit`` retries per request on other workers."""
+
+    router: PushRouter
+    limit: int
+    max_seq_len: int | None = None
+
+    def is_migratable(self, failure: RoutingError) -> bool:
+        return is_migratable(failure)
+
+    async def generate(
+        self,
+        request: Request,
+        mode: RouterMode = RouterMode.ROUND_ROBIN,
+        *,
+        pin: int | None = None,
+        prepare: Prepare | None = None,
+        is_stopped: Callable[[], bool] = lambda: False,
+    ) -> MigratingStream:
+        """``pin`` is an explicit worker for the request's phase: it blocks migration
+        (MIG-011). ``is_stopped`` reports the caller's context (MIG-006)."""
+        attempts = self.limit + 1  # Python integers: no overflow at any limit (MIG-004)
+        if pin is not None or not migration_permitted(request.payload):
+            attempts = 1
+        stream = MigratingStream(self, request, mode, pin, prepare, is_stopped, attempts)
+        await stream.open()
+        return stream
+
+
+class MigratingStream:
+    """The client's single stream over one or more attempts."""
+
+    def __init__(
+        self,
+        migration: Migration,
+        request: Request,
+        mode: RouterMode,
+        pin: int | None,
+        prepare: Prepare | None,
+        is_stopped: Callable[[], bool],
+        attempts: int,
+    ) -> None:
+        self._migration = migration
+        self._original = request
+        self._request = request
+        self._mode = mode
+        self._pin = pin
+        self._prepare = prepare
+        self._is_stopped = is_stopped
+        self._attempts_left = attempts
+        self._exclusions = Exclusions()
+        self._delivered: list[int] = []
+        self._ready: collections.deque[Annotated] = collections.deque()
+        self._held: Annotated | None = None
+        self._stream: RouterStream | None = None
+        self._done = False
+
+    async def open(self) -> None:
+        self._stream = await self._attempt()
+
+    async def _attempt(self) -> RouterStream:
+        """Dispatch until a stream exists, a failure may not migrate, or attempts run out."""
+        while True:
+            if self._is_stopped():
+                raise RoutingError(ErrorKind.CANCELLED, "request stopped before a new attempt")
+            self._attempts_left -= 1
+            router = self._migration.router
+            try:  # a fresh attempt under the same request id (MIG-007)
+                if self._pin is not None:
+                    return await router.direct(self._request, self._pin, self._prepare)
+                return await router.generate(
+                    self._request, self._mode, self._prepare, self._exclusions
+                )
+            except RoutingError as failure:
+                if not self._may_retry(failure):
+                    raise
+
+    def _may_retry(self, failure: RoutingError) -> bool:
+        if self._attempts_left <= 0 or not self._migration.is_migratable(failure):
+            return False
+        limit = self._migration.max_seq_len
+        prompt = self._original.payload
+        prompt_tokens = prompt.get("token_ids") if isinstance(prompt, Mapping) else None
+        prompt_len = len(prompt_tokens) if isinstance(prompt_tokens, list) else 0
+        return limit is None or prompt_len + len(self._delivered) <= limit  # MIG-005
+
+    def _resumable(self) -> bool:
+        """Mid-stream migration needs a token request, to continue where it stopped."""
+        payload = self._original.payload
+        return isinstance(payload, Mapping) and isinstance(payload.get("token_ids"), list)
+
+    def __aiter__(self) -> MigratingStream:
+        return self
+
+    async def __anext__(self) -> Annotated:
+        while not self._ready:
+            if self._done or self._stream is None:
+                raise StopAsyncIteration
+            await self._pull()
+        return self._ready.popleft()
+
+    async def _pull(self) -> None:
+        """Read one item of the current attempt and decide what the client sees."""
+        assert self._stream is not None
+        try:
+            item = await self._stream.__anext__()
+        except StopAsyncIteration:
+            self._release_held()
+            self._done = True
+            return
+        if item.error is None:
+            if _finish_reason(item) == CANCELLED_FINISH and self._resumable():
+                self._held = item  # a terminal frame: shown only if no migration follows
+                return
+            self._release_held()
+            self._delivered.extend(_tokens(item))
+            self._ready.append(item)
+            return
+        if self._resumable() and self._may_retry(item.error):
+            self._held = None  # MIG-013: the aborted attempt's terminal frame is dropped
+            await self._stream.aclose()  # its booking and inflight slot end here (MIG-014)
+            payload = self._original.payload
+            assert isinstance(payload, Mapping)
+            self._request = attrs.evolve(
+                self._original, payload=continued(payload, self._delivered)
+            )
+            try:
+                self._stream = await self._attempt()
+                return
+            except RoutingError:
+                self._stream = None  # MIG-008: no replacement, the original error stands
+        self._release_held()
+        self._ready.append(item)
+        self._done = True
+
+    def _release_held(self) -> None:
+        if self._held is not None:
+            self._ready.append(self._held)
+            self._held = None
+
+    async def aclose(self) -> None:
+        self._done = True
+        if self._stream is not None:
+            await self._stream.aclose()
+
+
+def _finish_reason(item: Annotated) -> object:
+    return item.data.get("finish_reason") if isinstance(item.data, Mapping) else None
+
+
+def _tokens(item: Annotated) -> list[int]:
+    data = item.data
+    tokens = data.get("token_ids") if isinstance(data, Mapping) else None
+    return [t for t in tokens if isinstance(t, int)] if isinstance(tokens, list) else []
