@@ -58,7 +58,8 @@ def observe(error: BaseException, *, pre_stream: bool) -> ObservedError:
         else (None if link.error_type is None else type_label(link.error_type), link.message)
         for link in error_chain(error)
     )
-    return ObservedError(links, pre_stream)
+    error_class = error.error_class.value if isinstance(error, RoutingError) else None
+    return ObservedError(links, pre_stream, error_class)
 
 
 async def _count_to(count: int) -> AsyncIterator[object]:

@@ -53,7 +53,7 @@ class InProcessDispatch:
             try:
                 items = await handler.start(request)
             except RoutingError as worker_error:
-                failure = pre_stream_failure(worker_error)  # TRN-005
+                failure = self.pre_stream_failure(worker_error)  # TRN-005
                 raise failure from failure.__cause__
         except BaseException:
             slot.close()
@@ -61,6 +61,10 @@ class InProcessDispatch:
         stream = InProcessStream(items, self._open[instance.address], slot)
         self._open[instance.address].add(stream)
         return stream
+
+    def pre_stream_failure(self, worker_error: RoutingError) -> RoutingError:
+        """What the caller sees when a worker fails before its first item (TRN-005)."""
+        return pre_stream_failure(worker_error)
 
 
 @attrs.define(eq=False)

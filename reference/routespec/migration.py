@@ -84,6 +84,10 @@ class Migration:
     def is_migratable(self, failure: RoutingError) -> bool:
         return is_migratable(failure)
 
+    def continued(self, payload: Mapping[str, object], delivered: list[int]) -> dict[str, object]:
+        """The payload of a replacement attempt after ``delivered`` tokens (MIG-009)."""
+        return continued(payload, delivered)
+
     async def generate(
         self,
         request: Request,
@@ -198,7 +202,7 @@ class MigratingStream:
             payload = self._original.payload
             assert isinstance(payload, Mapping)
             self._request = attrs.evolve(
-                self._original, payload=continued(payload, self._delivered)
+                self._original, payload=self._migration.continued(payload, self._delivered)
             )
             try:
                 self._stream = await self._attempt()

@@ -22,8 +22,10 @@ T = TypeVar("T")
 class TrioPortal:
     """A trio run in a thread, with a nursery for background tasks and a mock clock."""
 
-    def __init__(self) -> None:
-        self.clock = trio.testing.MockClock()
+    def __init__(self, *, mock_clock: bool = True) -> None:
+        """``mock_clock=False`` runs on real time, for targets that talk to other processes
+        whose clocks the suite cannot move."""
+        self.clock: trio.testing.MockClock | None = trio.testing.MockClock() if mock_clock else None
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -80,6 +82,7 @@ class TrioPortal:
         """Move mock time forward; timers that fall due run before this returns."""
 
         async def jump() -> None:
+            assert self.clock is not None, "advance() needs the mock clock"
             self.clock.jump(seconds)
 
         self.call(jump)

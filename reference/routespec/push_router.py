@@ -175,7 +175,17 @@ class PushRouter:
             if permit is not None:
                 permit.release()  # DSP-011: released before the failure is visible
             raise
-        return RouterStream(stream, instance.instance_id, permit, on_fault)
+        return self._router_stream(stream, instance.instance_id, permit, on_fault)
+
+    def _router_stream(
+        self,
+        stream: ItemStream,
+        instance_id: int,
+        permit: Permit | None,
+        on_fault: Callable[[int, RoutingError], None],
+    ) -> RouterStream:
+        """The caller's view of ``stream``; the permit is now the stream's to release."""
+        return RouterStream(stream, instance_id, permit, on_fault)
 
     def _resolve_and_check(self, target: int, fallback: TransportFallback) -> Instance:
         """Resolve transport, then check overload on the resolved worker (DSP-003, DSP-004)."""

@@ -43,6 +43,7 @@ class Capability(enum.Enum):
     KILL_WORKER_PROCESS = "cluster:kill-worker-process"
     OBSERVE_INFLIGHT = "observe:transport-inflight"
     OBSERVE_WORKER_BYTES = "observe:worker-bytes"
+    OBSERVE_ERROR_TYPES = "observe:error-types"
     WIRE_TRANSPORT = "transport:dynamo-wire"
     FIRST_RESPONSE_GUARD = "call:first-response-guard"
     BIDIRECTIONAL = "call:bidirectional"
@@ -231,6 +232,10 @@ class ObservedError:
 
     links: tuple[tuple[str | None, str], ...]
     pre_stream: bool
+    error_class: str | None = None
+    """The normalised class the caller saw (``Unavailable``, ``CapacityExhausted``, …)."""
+    types_observed: bool = True
+    """False when the target shows only the class and text (links then carry no types)."""
 
     @property
     def type(self) -> str | None:

@@ -1,0 +1,1 @@
+"""Pieces shared by the adapters that drive the real Dynamo runtime."""

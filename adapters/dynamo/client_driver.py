@@ -1,0 +1,88 @@
+"""A real Dynamo 1.6.1 client, driven over stdin/stdout with JSON lines.
+
+``python -m adapters.dynamo.client_driver ns.comp.endpoint`` (with ``DYN_FILE_KV`` and the
+loopback host variables set) opens a ``DistributedRuntime`` with file discovery and the TCP
+request plane, then answers commands, one JSON object per line:
+
+- ``{"op": "instances"}`` -> ``{"op": "instances", "ids": [...]}``
+- ``{"op": "submit", "id": ID, "mode": "round_robin" | "random" | "direct",
+  "instance_id"?: N, "payload": {...}}`` -> ``{"op": "opened", "id": ID}`` once the call
+  returned a stream, then ``{"op": "outcome", "id": ID, "items": [...], "error": null |
+  {"exception": "module.Class", "text": "..."}, "pre_stream": bool, "dropped": bool}``
+- ``{"op": "drop", "id": ID}``: the caller abandons the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from dynamo.runtime import Client, DistributedRuntime
+
+
+def emit(message: dict[str, object]) -> None:
+    print(json.dumps(message), flush=True)
+
+
+async def run(client: Client, command: dict[str, object]) -> None:
+    request_id = command["id"]
+    items: list[object] = []
+    outcome: dict[str, object] = {
+        "op": "outcome", "id": request_id, "items": items, "error": None,
+        "pre_stream": False, "dropped": False,
+    }  # fmt: skip
+    stream = None
+    try:
+        try:
+            payload, mode = command["payload"], command["mode"]
+            if mode == "direct":
+                target = command["instance_id"]
+                assert isinstance(target, int)
+                stream = await client.direct(payload, target, annotated=False)
+            elif mode == "random":
+                stream = await client.random(payload, annotated=False)
+            else:
+                stream = await client.round_robin(payload, annotated=False)
+        except Exception as error:
+            outcome["pre_stream"] = True
+            raise error
+        emit({"op": "opened", "id": request_id})
+        async for item in stream:
+            items.append(item)
+    except asyncio.CancelledError:
+        outcome["dropped"] = True
+    except Exception as error:
+        kind = type(error)
+        outcome["error"] = {
+            "exception": f"{kind.__module__}.{kind.__qualname__}",
+            "text": str(error),
+        }
+    emit(outcome)
+
+
+async def main(endpoint: str) -> None:
+    runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+    client = await runtime.endpoint(endpoint).client()
+    tasks: dict[object, asyncio.Task[None]] = {}
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    emit({"op": "ready"})
+    while line := await reader.readline():
+        command = json.loads(line)
+        if command["op"] == "instances":
+            emit({"op": "instances", "ids": sorted(int(i) for i in client.instance_ids())})
+        elif command["op"] == "submit":
+            tasks[command["id"]] = asyncio.create_task(run(client, command))
+        elif command["op"] == "drop":
+            task = tasks.get(command["id"])
+            if task is not None:
+                task.cancel()
+    for task in tasks.values():
+        task.cancel()
+    runtime.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

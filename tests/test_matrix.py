@@ -1,0 +1,164 @@
+"""The conformance matrix: reports in, one Markdown table out (conformance/matrix.py)."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.matrix import Report, main, render
+from conformance.registry import Requirement
+
+REQUIREMENTS = {
+    rid: Requirement(rid, f"title {rid}", level, status, "statement", "rationale", page)
+    for rid, level, status, page in [
+        ("DSP-001", "MUST", "stable", "dispatch.md"),
+        ("DSP-002", "SHOULD", "provisional", "dispatch.md"),
+        ("TRN-001", "MUST", "stable", "transport.md"),
+        ("TRN-002", "MUST", "stable", "transport.md"),
+    ]
+}
+# Characters Markdown would act on inside a table cell, to check the reason survives them.
+STARTED = "2001-02-03T04:05:06Z"
+AWKWARD = 'needs `a|b` [x](y) \\* {: #z } <tag> & "quoted"'
+
+
+def _check(name: str, ids: list[str], outcome: str, detail: str = "", **extra: Any) -> Any:
+    return {
+        "check": f"conformance/test_x.py::{name}",
+        "ids": ids,
+        "outcome": outcome,
+        "detail": detail,
+        "violated": [],
+        "duration_s": 0.1,
+        "unexercised": [],
+        **extra,
+    }
+
+
+def _write(path: Path, adapter: str, rows: list[tuple[str, str, list[Any]]]) -> Path:
+    requirements = [
+        {"id": rid, "level": "MUST", "result": result, "checks": checks}
+        for rid, result, checks in rows
+    ]
+    document = {
+        "run_info": {"adapter": adapter, "hypothesis_profile": "default", "started": STARTED},
+        "summary": {},
+        "requirements": requirements,
+    }
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def reports(tmp_path: Path) -> list[Path]:
+    first = _write(
+        tmp_path / "alpha.json",
+        "alpha",
+        [
+            ("DSP-001", "PASS", [_check("t1", ["DSP-001"], "passed")]),
+            ("DSP-002", "XFAIL", [_check("t2", ["DSP-002"], "xfailed", "known bug #12")]),
+            ("TRN-001", "SKIP", [_check("t3", ["TRN-001"], "skipped", AWKWARD)]),
+            ("TRN-002", "NOT RUN", []),
+        ],
+    )
+    second = _write(
+        tmp_path / "beta.json",
+        "beta",
+        [
+            ("DSP-001", "FAIL", [_check("t1", ["DSP-001"], "failed", "sent to w2")]),
+            ("DSP-002", "SKIP", [_check("t2", ["DSP-002"], "passed", unexercised=["DSP-002"])]),
+            ("XYZ-001", "PASS", [_check("t9", ["XYZ-001"], "passed")]),
+        ],
+    )
+    return [first, second]
+
+
+def _rows(page: str) -> dict[str, list[str]]:
+    table = [line for line in page.splitlines() if line.startswith("| ") and "---" not in line]
+    return {cells[0]: cells[1:] for cells in (_cells(line) for line in table)}
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_rows_columns_links_and_counts(reports: list[Path]) -> None:
+    page = render([Report.load(path) for path in reports], REQUIREMENTS)
+    assert page.startswith("# Conformance matrix\n")
+    rows = _rows(page)
+    assert rows.pop("requirement") == ["level", "`alpha`", "`beta`"]
+    assert list(rows) == [
+        "[DSP-001](spec/dispatch.md#DSP-001)",
+        "[DSP-002](spec/dispatch.md#DSP-002)",
+        "[TRN-001](spec/transport.md#TRN-001)",
+        "[TRN-002](spec/transport.md#TRN-002)",
+        "`XYZ-001` (not in the spec)",
+        "**total**",
+    ]
+    assert rows["[DSP-001](spec/dispatch.md#DSP-001)"] == [
+        "MUST",
+        "PASS",
+        '<abbr title="conformance/test_x.py::t1: sent to w2">FAIL</abbr>',
+    ]
+    dsp2 = rows["[DSP-002](spec/dispatch.md#DSP-002)"]
+    assert dsp2[0] == "SHOULD · provisional"  # the spec, not the report, gives the level
+    assert dsp2[1] == '<abbr title="conformance/test_x.py::t2: known bug #12">XFAIL</abbr>'
+    assert dsp2[2].startswith('<abbr title="conformance/test_x.py::t2: no step could exercise')
+    assert rows["[TRN-002](spec/transport.md#TRN-002)"] == ["MUST", "NOT RUN", "—"]
+    assert rows["`XYZ-001` (not in the spec)"] == ["MUST", "—", "PASS"]
+    assert rows["**total**"] == [
+        "",
+        "XFAIL 1 · PASS 1 · SKIP 1 · NOT RUN 1 · — 1",
+        "FAIL 1 · PASS 1 · SKIP 1 · — 2",
+    ]
+
+
+def test_column_order_follows_the_arguments(reports: list[Path]) -> None:
+    page = render([Report.load(path) for path in reversed(reports)], REQUIREMENTS)
+    assert _rows(page)["requirement"] == ["level", "`beta`", "`alpha`"]
+
+
+def test_the_page_is_the_same_for_the_same_reports(reports: list[Path]) -> None:
+    loaded = [Report.load(path) for path in reports]
+    assert render(loaded, REQUIREMENTS) == render(loaded, REQUIREMENTS)
+    assert STARTED not in render(loaded, REQUIREMENTS)
+
+
+class _Titles(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.titles: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "abbr":
+            self.titles.append(dict(attrs)["title"])
+
+
+def test_a_reason_survives_markdown(reports: list[Path]) -> None:
+    markdown = pytest.importorskip("markdown")
+    page = render([Report.load(reports[0])], REQUIREMENTS)
+    parser = _Titles()
+    parser.feed(markdown.markdown(page, extensions=["tables", "attr_list"]))
+    assert f"conformance/test_x.py::t3: {AWKWARD}" in parser.titles
+
+
+def test_the_command_writes_the_page(
+    reports: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "docs" / "matrix.md"
+    assert main([*map(str, reports), "--output", str(output)]) == 0
+    page = output.read_text(encoding="utf-8")
+    assert "| [DSP-001](spec/dispatch.md#DSP-001) |" in page  # the real spec defines DSP-001
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_an_unreadable_report_is_a_usage_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(broken), "--output", str(tmp_path / "matrix.md")])
+    assert exit_info.value.code == 2
