@@ -18,6 +18,7 @@ from pathlib import Path
 import attrs
 
 from adapters.dynamo.driver import ClientDriver
+from adapters.dynamo.expectations import load_expectations
 from routespec.discovery import Instance
 from routespec.file_discovery import FileRegistration, random_instance_id, transport_path
 from routespec.portal import TrioPortal
@@ -59,7 +60,8 @@ class DynamoWireTarget:
         self._portal = TrioPortal(mock_clock=False)
         self._workers: dict[int, WireWorker] = {}
         self._log: list[Delivery] = []
-        self._stalled: set[str] = set()  # Dynamo request ids a Stall script holds
+        # Dynamo request id -> (worker, items it sent) for requests a Stall script holds
+        self._stalled: dict[str, tuple[int, int]] = {}
         self._ids = itertools.count(1)
         self._instance_base = random_instance_id() >> 2
         self._requests = itertools.count(1)
@@ -100,6 +102,7 @@ class DynamoWireTarget:
 
     def kill_worker(self, worker_id: int) -> None:
         self._sync(self._workers[worker_id].server.kill)
+        self._unstall(worker_id)
         self._settle()
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
@@ -110,7 +113,7 @@ class DynamoWireTarget:
 
     def release_stalled(self, worker_id: int) -> None:
         self._sync(self._workers[worker_id].scripted.release_stalled)
-        self._stalled.clear()
+        self._unstall(worker_id)
         self._settle()
 
     # router operations
@@ -210,13 +213,24 @@ class DynamoWireTarget:
         return worker.instance_id if worker is not None else worker_id  # unknown ids pass as is
 
     def _on_stall(self, dynamo_request_id: str) -> None:
+        worker = next(
+            (d.worker_id for d in reversed(self._log) if d.request_id == dynamo_request_id), 0
+        )
+        sent = getattr(self._workers[worker].scripted.script, "items", 0) if worker else 0
         with self._driver.changed:
-            self._stalled.add(dynamo_request_id)
+            self._stalled[dynamo_request_id] = (worker, sent)
             self._driver.changed.notify_all()
 
+    def _unstall(self, worker_id: int) -> None:
+        with self._driver.changed:
+            for request_id in [r for r, (w, _) in self._stalled.items() if w == worker_id]:
+                del self._stalled[request_id]
+
     def _is_stalled(self, request_id: str) -> bool:
+        """Held by a Stall script, and the client has read every item sent before it."""
+        received = self._driver.received.get(request_id, 0)
         return any(
-            d.request_id in self._stalled
+            d.request_id in self._stalled and received >= self._stalled[d.request_id][1]
             for d in tuple(self._log)
             if self._request_of(d.payload) == request_id
         )
@@ -271,11 +285,16 @@ CAPABILITIES = frozenset(
 )
 
 
+EXPECTATIONS = Path(__file__).with_name("dynamo_wire_expectations.toml")
+
+
 @attrs.frozen
 class DynamoWireAdapter:
     name: str = "dynamo-wire"
     capabilities: frozenset[Capability] = CAPABILITIES
-    expected_failures: Mapping[str, str] = attrs.field(factory=dict)
+    expected_failures: Mapping[str, str] = attrs.field(
+        factory=lambda: load_expectations(EXPECTATIONS)
+    )
 
     @contextlib.contextmanager
     def open(self, config: TargetConfig) -> Iterator[Target]:

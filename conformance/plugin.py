@@ -182,7 +182,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if missing:
             reason = f"adapter {run.adapter.name} lacks capability {', '.join(missing)}"
             item.add_marker(pytest.mark.skip(reason=reason))
-        evidence = run.adapter.expected_failures.get(_check_name(item))
+        expected = run.adapter.expected_failures
+        evidence = expected.get(item.nodeid, expected.get(_check_name(item)))
         if evidence is not None:
             item.add_marker(pytest.mark.xfail(reason=evidence, strict=True))
     if dropped:

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from conformance import oracle
 from conformance.checks import RequirementViolation
-from routespec.target import Capability, ErrorSpec, Outcome, Target
+from routespec.target import Capability, ErrorSpec, ObservedError, Outcome, Target
 
 MODE_CAPABILITY = {
     "round-robin": Capability.ROUND_ROBIN,
@@ -43,11 +44,23 @@ def reached(target: Target, request_id: str) -> list[int]:
     return [d.worker_id for d in target.dispatch_log() if d.request_id == request_id]
 
 
-def first_typed(outcome: Outcome | None) -> str | None:
-    if outcome is None or outcome.error is None:
-        return None
-    chain = outcome.error.typed_chain
-    return chain[0] if chain else None
+def shows(error: ObservedError | None, chain: Sequence[str | None]) -> bool:
+    """The caller saw exactly the typed links of ``chain`` — or, from a target that shows only
+    the normalised class (Dynamo's Python bindings), that chain's class (ERR-003)."""
+    if error is None:
+        return False
+    if error.types_observed:
+        return error.typed_chain == tuple(oracle.typed(chain))
+    return error.error_class == oracle.classify(chain)[0]
+
+
+def shows_outer(error: ObservedError | None, label: str) -> bool:
+    """The outermost link has type ``label`` (or, class-only, that type's class)."""
+    if error is None:
+        return False
+    if error.types_observed:
+        return error.type == label
+    return error.error_class == oracle.classify([label])[0]
 
 
 def loads(target: Target) -> dict[int, int]:

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from conformance import oracle
 from conformance.checks import covers, require, requires
-from conformance.scenario import MODE_CAPABILITY, finished, reached, spec_of
+from conformance.scenario import (
+    MODE_CAPABILITY,
+    finished,
+    reached,
+    shows,
+    shows_outer,
+    spec_of,
+)
 from routespec.target import (
     Adapter,
     Bidirectional,
@@ -69,19 +76,23 @@ def serves_again(target: Target, worker: int, requirement: str) -> None:
 
 
 @covers("TRN-001", "TRN-003")
-@requires(Capability.DIRECT, Capability.OBSERVE_PREPARED_TARGET)
+@requires(Capability.DIRECT)
 @pytest.mark.parametrize("items", [0, 1, 5])
-def test_an_accepted_request_streams_its_items(target: Target, items: int) -> None:
+def test_an_accepted_request_streams_its_items(
+    target: Target, adapter: Adapter, items: int
+) -> None:
     worker = target.add_worker()
     target.script_worker(worker, Serve(items))
     request = target.submit(Direct(worker), metadata={"trace": "t" * 300})
     outcome = finished(target, request, "TRN-003")
     deliveries = [d for d in target.dispatch_log() if d.request_id == request]
-    require(
-        "TRN-001",
-        len(deliveries) == 1 and deliveries[0].prepared_for == worker,
-        f"the request and its metadata should reach worker {worker} once: {deliveries}",
-    )
+    require("TRN-003", len(deliveries) == 1, f"{request} reached workers {deliveries}")
+    if Capability.OBSERVE_PREPARED_TARGET in adapter.capabilities:
+        require(
+            "TRN-001",
+            deliveries[0].prepared_for == worker,
+            f"the request's metadata should reach worker {worker} with it: {deliveries}",
+        )
     require(
         "TRN-003",
         outcome.error is None
@@ -133,7 +144,7 @@ def test_a_rejection_ack_is_a_typed_worker_failure(target: Target, overloaded: b
         "TRN-004",
         outcome.error is not None
         and outcome.error.pre_stream
-        and outcome.error.typed_chain == (expected,)
+        and shows(outcome.error, (expected,))
         and "queue full" in outcome.error.links[0][1],
         f"a {'Server overloaded' if overloaded else 'Server unavailable'} ACK should fail "
         f"before the stream with {expected} carrying the worker's text; got {outcome}",
@@ -166,16 +177,18 @@ def test_a_failure_before_the_first_item_is_cannot_connect(
     seen = outcome.error
     require("TRN-005", seen is not None and seen.pre_stream, f"expected a failure: {outcome}")
     assert seen is not None
-    require(
-        "TRN-006",
-        not set(seen.typed_chain) & oracle.MIGRATION_SENSITIVE_TYPES,
-        f"the worker failed with {labels}; the caller's chain {seen.describe()} carries a "
-        "migration-sensitive type",
-    )
+    if seen.types_observed:
+        require(
+            "TRN-006",
+            not set(seen.typed_chain) & oracle.MIGRATION_SENSITIVE_TYPES,
+            f"the worker failed with {labels}; the caller's chain {seen.describe()} carries a "
+            "migration-sensitive type",
+        )
     expected = oracle.pre_stream_chain(labels)
     require(
         "TRN-005",
-        tuple(label for label, _ in seen.links) == expected
+        (tuple(label for label, _ in seen.links) == expected or not seen.types_observed)
+        and shows(seen, expected)
         and seen.links[0][1].startswith(PRE_STREAM_PREFIX),
         f"the worker failed with {labels}; expected CannotConnect {PRE_STREAM_PREFIX!r}… "
         f"over {expected[1:] or 'no cause'}; got {seen.describe()}",
@@ -183,7 +196,12 @@ def test_a_failure_before_the_first_item_is_cannot_connect(
 
 
 @covers("TRN-006")
-@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES, Capability.MOCK_CLOCK)
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.MOCK_CLOCK,
+    Capability.OBSERVE_ERROR_TYPES,
+)
 def test_no_pre_stream_failure_carries_a_sensitive_type(target: Target) -> None:
     """Every chain of one or two links, each link any type or untyped."""
     worker = target.add_worker()
@@ -243,7 +261,7 @@ def test_end_of_stream_before_final_is_disconnected(target: Target, items: int) 
     ends_with_error(outcome, "TRN-008", "Stream ended before generation completed", items)
     require(
         "TRN-008",
-        outcome.error is not None and outcome.error.type == "Disconnected",
+        shows_outer(outcome.error, "Disconnected"),
         f"expected Disconnected: {outcome}",
     )
 
@@ -261,7 +279,8 @@ def test_a_frame_after_final_is_an_error_item(target: Target) -> None:
 @requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
 @pytest.mark.parametrize(
     ("fault", "message"),
-    [(WireFault.EMPTY_FRAME, "Empty response received"), (WireFault.GARBLED_FRAME, "decode")],
+    # The spec fixes the text of the empty-frame item only; any error item will do for garbage.
+    [(WireFault.EMPTY_FRAME, "Empty response received"), (WireFault.GARBLED_FRAME, "")],
     ids=["empty", "garbled"],
 )
 def test_an_empty_or_undecodable_frame_is_an_error_item(
@@ -286,7 +305,7 @@ ITEM_CHAINS = [
 
 
 @covers("TRN-011")
-@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES)
+@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES, Capability.OBSERVE_ERROR_TYPES)
 @pytest.mark.parametrize("labels", ITEM_CHAINS, ids=lambda c: "-".join(map(str, c)))
 def test_error_items_keep_their_chain(target: Target, labels: tuple[str | None, ...]) -> None:
     worker = target.add_worker()
@@ -345,7 +364,7 @@ def test_a_tombstoned_instance_is_never_written_to(target: Target) -> None:
         "TRN-013",
         outcome.error is not None
         and outcome.error.pre_stream
-        and outcome.error.type == "Disconnected"
+        and shows_outer(outcome.error, "Disconnected")
         and "tombstoned" in outcome.error.links[0][1],
         f"a dispatch to tombstoned worker {worker} should fail with Disconnected: {outcome}",
     )
@@ -359,8 +378,14 @@ def test_a_tombstoned_instance_is_never_written_to(target: Target) -> None:
 
 
 @covers("TRN-014")
-@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS, Capability.ANNOUNCE_REMOVAL)
-@pytest.mark.parametrize("how", ["removed", "killed"])
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param("removed", marks=pytest.mark.requires(Capability.ANNOUNCE_REMOVAL)),
+        pytest.param("killed", marks=pytest.mark.requires(Capability.KILL_WORKER)),
+    ],
+)
 def test_removal_fails_pending_registrations(target: Target, how: str) -> None:
     worker = target.add_worker()
     target.script_worker(worker, Misbehave(0, WireFault.NO_CALL_HOME))
@@ -375,7 +400,7 @@ def test_removal_fails_pending_registrations(target: Target, how: str) -> None:
         "TRN-014",
         outcome.error is not None
         and outcome.error.pre_stream
-        and outcome.error.type == "Disconnected"
+        and shows_outer(outcome.error, "Disconnected")
         and "before response stream was established" in outcome.error.links[0][1],
         f"a request waiting for worker {worker}'s stream should fail with Disconnected when "
         f"the worker is {how}: {outcome}",
@@ -428,7 +453,7 @@ def test_a_killed_worker_is_detected_without_a_timeout(target: Target) -> None:
     ends_with_error(outcome, "TRN-016", "", 2)
     require(
         "TRN-016",
-        outcome.error is not None and outcome.error.type == "Disconnected",
+        shows_outer(outcome.error, "Disconnected"),
         f"a killed worker's stream should end with Disconnected: {outcome}",
     )
 
@@ -452,7 +477,7 @@ def test_a_killed_worker_process_is_detected_without_a_timeout(
     ends_with_error(outcome, "TRN-016", STREAM_ENDED_EARLY, 2)
     require(
         "TRN-016",
-        outcome.error is not None and outcome.error.type == "Disconnected",
+        shows_outer(outcome.error, "Disconnected"),
         f"a killed worker process's stream should end with Disconnected: {outcome}",
     )
     if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
@@ -464,8 +489,8 @@ def test_a_killed_worker_process_is_detected_without_a_timeout(
 
 
 @covers("TRN-017")
-@requires(Capability.DIRECT, Capability.SCRIPT_STALL, Capability.OBSERVE_INFLIGHT)
-def test_a_dropped_stream_stops_the_worker(target: Target) -> None:
+@requires(Capability.DIRECT, Capability.SCRIPT_STALL)
+def test_a_dropped_stream_stops_the_worker(target: Target, adapter: Adapter) -> None:
     worker = target.add_worker()
     target.script_worker(worker, Stall(items=1, items_after=3))
     request = target.submit(Direct(worker))
@@ -477,11 +502,12 @@ def test_a_dropped_stream_stops_the_worker(target: Target) -> None:
         outcome.dropped and outcome.error is None and indices(outcome) == [0],
         f"a dropped stream should end for the caller without an error: {outcome}",
     )
-    require(
-        "TRN-017",
-        target.transport_inflight() == 0,
-        "the dropped stream is still in flight after the worker was released",
-    )
+    if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
+        require(
+            "TRN-017",
+            target.transport_inflight() == 0,
+            "the dropped stream is still in flight after the worker was released",
+        )
     serves_again(target, worker, "TRN-017")
 
 
@@ -539,7 +565,7 @@ def test_retained_dispatches_are_bounded(target: Target) -> None:
         "TRN-019",
         outcome.error is not None
         and outcome.error.pre_stream
-        and outcome.error.typed_chain == ("ResourceExhausted",)
+        and shows(outcome.error, ("ResourceExhausted",))
         and "retained request dispatch limit reached" in outcome.error.links[0][1],
         f"guarded request {RETAINED_LIMIT + 1} should fail with ResourceExhausted: {outcome}",
     )
@@ -604,7 +630,7 @@ def test_bidirectional_dispatch_refuses_other_modes(target: Target, mode: str) -
         "TRN-021",
         outcome.error is not None
         and outcome.error.pre_stream
-        and outcome.error.typed_chain == ("InvalidArgument",)
+        and shows(outcome.error, ("InvalidArgument",))
         and "not yet supported for bidirectional dispatch" in outcome.error.links[0][1]
         and not reached(target, request),
         f"a streamed request in mode {mode} should be refused with InvalidArgument before "

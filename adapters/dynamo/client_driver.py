@@ -50,6 +50,7 @@ async def run(client: Client, command: dict[str, object]) -> None:
         emit({"op": "opened", "id": request_id})
         async for item in stream:
             items.append(item)
+            emit({"op": "progress", "id": request_id, "items": len(items)})
     except asyncio.CancelledError:
         outcome["dropped"] = True
     except Exception as error:

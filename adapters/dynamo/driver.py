@@ -68,6 +68,7 @@ class ClientDriver:
         self.changed = threading.Condition()
         self.outcomes: dict[str, dict[str, object]] = {}
         self.opened: set[str] = set()
+        self.received: dict[str, int] = {}  # items the client has read, per request
         self._instances: list[int] | None = None
         self._ready = False
         threading.Thread(target=self._read, name="dynamo-client", daemon=True).start()
@@ -85,6 +86,8 @@ class ClientDriver:
                     self._instances = list(message["ids"])
                 elif op == "opened":
                     self.opened.add(message["id"])
+                elif op == "progress":
+                    self.received[message["id"]] = message["items"]
                 elif op == "outcome":
                     self.outcomes[message["id"]] = message
                 self.changed.notify_all()

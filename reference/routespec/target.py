@@ -247,6 +247,8 @@ class ObservedError:
 
     def describe(self) -> str:
         where = "before the stream" if self.pre_stream else "as a stream item"
+        if not self.types_observed:
+            return f"class {self.error_class}: {self.links[0][1]} ({where}; types not observable)"
         chain = " <- ".join(f"{label or 'untyped'}: {message}" for label, message in self.links)
         return f"{chain} ({where})"
 
