@@ -1,1 +1,6 @@
-"""Pieces shared by the adapters that drive the real Dynamo runtime."""
+"""Adapter ``dynamo`` (the real runtime through its Python bindings) and the pieces it shares
+with ``dynamo-wire``."""
+
+from adapters.dynamo.bindings import DynamoAdapter
+
+ADAPTER = DynamoAdapter()

@@ -1,0 +1,159 @@
+"""The part of a target that the real Dynamo client plays: calls, outcomes, settling.
+
+Subclasses provide the workers: ``deliveries()`` (the dispatch log in the suite's request
+ids), ``instance_id(worker_id)`` and ``stalled`` (suite request id -> worker holding it and
+the items it sent before stalling). Everything the bindings cannot reach raises
+``NotImplementedError`` naming the capability the adapter leaves undeclared.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from adapters.dynamo.driver import ClientDriver
+from routespec.target import (
+    Call,
+    Capability,
+    Delivery,
+    Direct,
+    ErrorSpec,
+    Generate,
+    Outcome,
+    WorkerScript,
+    WorkerSetsView,
+)
+
+MODES = {"round-robin": "round_robin", "random": "random"}
+SETTLE_LIMIT = 10.0
+
+
+class DynamoClientTarget:
+    def __init__(self, endpoint: str, store: Path) -> None:
+        self.driver = ClientDriver(endpoint, store)
+        self.stalled: dict[str, tuple[int, int]] = {}
+        self._requests = itertools.count(1)
+
+    def deliveries(self) -> Sequence[Delivery]:
+        raise NotImplementedError
+
+    def instance_id(self, worker_id: int) -> int:
+        raise NotImplementedError
+
+    # router operations
+
+    def submit(
+        self, call: Call, metadata: Mapping[str, str] | None = None, guarded: bool = False
+    ) -> str:
+        request_id = f"req-{next(self._requests)}"
+        command: dict[str, object] = {"op": "submit", "id": request_id}
+        command["payload"] = {"rid": request_id, "call": repr(call)}
+        if isinstance(call, Generate):
+            command["mode"] = MODES[call.mode]
+        elif isinstance(call, Direct):
+            command["mode"] = "direct"
+            command["instance_id"] = self.instance_id(call.worker_id)
+        else:
+            raise NotImplementedError(f"{call} through Dynamo's Python bindings")
+        self.driver.send(command)
+        self.driver.wait_for(
+            lambda: request_id in self.driver.outcomes or self.is_stalled(request_id),
+            f"{request_id} to settle",
+            SETTLE_LIMIT,
+        )
+        return request_id
+
+    def outcome(self, request_id: str) -> Outcome | None:
+        return self.driver.outcome(request_id)
+
+    def drop(self, request_id: str) -> None:
+        self.driver.send({"op": "drop", "id": request_id})
+        self.driver.wait_for(lambda: request_id in self.driver.outcomes, "the drop")
+
+    def dispatch_log(self) -> Sequence[Delivery]:
+        return tuple(self.deliveries())
+
+    # settling
+
+    def mark_stalled(self, request_id: str, worker_id: int, sent: int) -> None:
+        with self.driver.changed:
+            self.stalled[request_id] = (worker_id, sent)
+            self.driver.changed.notify_all()
+
+    def unstall(self, worker_id: int) -> None:
+        with self.driver.changed:
+            for request_id in [r for r, (w, _) in self.stalled.items() if w == worker_id]:
+                del self.stalled[request_id]
+
+    def is_stalled(self, request_id: str) -> bool:
+        """Held by a Stall script, and the client has read every item sent before it."""
+        held = self.stalled.get(request_id)
+        return held is not None and self.driver.received.get(request_id, 0) >= held[1]
+
+    def settle(self) -> None:
+        """Wait (bounded) until every request that reached a worker has ended or stalls."""
+        self.driver.wait_for(
+            lambda: all(
+                d.request_id in self.driver.outcomes or self.is_stalled(d.request_id)
+                for d in self.deliveries()
+            ),
+            "open requests to settle",
+            SETTLE_LIMIT,
+        )
+
+    # what the bindings cannot reach (left out of the adapters' capabilities)
+
+    def vanish_worker(self, worker_id: int) -> None:
+        raise NotImplementedError(Capability.VANISH_WORKER.value)
+
+    def add_worker_process(self, script: WorkerScript) -> int:
+        raise NotImplementedError(Capability.KILL_WORKER_PROCESS.value)
+
+    def announce_removal(self, worker_id: int, removed: bool) -> None:
+        raise NotImplementedError(Capability.ANNOUNCE_REMOVAL.value)
+
+    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
+        raise NotImplementedError(Capability.MARK_OVERLOADED.value)
+
+    def report_down(self, worker_id: int) -> None:
+        raise NotImplementedError(Capability.REPORT_DOWN.value)
+
+    def advance_time(self, seconds: float) -> None:
+        raise NotImplementedError(Capability.MOCK_CLOCK.value)
+
+    def worker_sets(self) -> WorkerSetsView:
+        raise NotImplementedError(Capability.OBSERVE_WORKER_SETS.value)
+
+    def occupancy(self) -> Mapping[int, int]:
+        raise NotImplementedError(Capability.OBSERVE_OCCUPANCY.value)
+
+    def held_guards(self) -> int:
+        raise NotImplementedError(Capability.FIRST_RESPONSE_GUARD.value)
+
+    def transport_inflight(self) -> int:
+        raise NotImplementedError(Capability.OBSERVE_INFLIGHT.value)
+
+    def send_raw(self, worker_id: int | None, data: bytes) -> None:
+        raise NotImplementedError(Capability.WIRE_TRANSPORT.value)
+
+    def match_error_chain(
+        self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
+    ) -> bool:
+        raise NotImplementedError(Capability.ERROR_MODEL.value)
+
+    def classify(self, error: ErrorSpec) -> tuple[str, str]:
+        raise NotImplementedError(Capability.ERROR_MODEL.value)
+
+    def bounded_message(self, message: str) -> str:
+        raise NotImplementedError(Capability.ERROR_MODEL.value)
+
+
+def with_request_ids(items: tuple[object, ...], ids: Mapping[object, str]) -> tuple[object, ...]:
+    """Items carry the worker's view of the request id; show the suite's."""
+    return tuple(
+        {**item, "request": ids[item["request"]]}
+        if isinstance(item, dict) and item.get("request") in ids
+        else item
+        for item in items
+    )
