@@ -62,6 +62,14 @@ class DynamoClientTarget:
             f"{request_id} to settle",
             SETTLE_LIMIT,
         )
+        ended = self.driver.outcomes.get(request_id, {})
+        if ended.get("items") or (ended.get("error") and not ended.get("pre_stream")):
+            # A worker answered: its report of the delivery may still be on its way.
+            self.driver.wait_for(
+                lambda: any(d.request_id == request_id for d in self.deliveries()),
+                f"the delivery of {request_id}",
+                SETTLE_LIMIT,
+            )
         return request_id
 
     def outcome(self, request_id: str) -> Outcome | None:

@@ -26,9 +26,6 @@ class Exclusions:
         self.failed[worker_id] = error
         self.last_error = error
 
-    def __contains__(self, worker_id: int) -> bool:
-        return worker_id in self.failed
-
     def __bool__(self) -> bool:
         return bool(self.failed)
 
