@@ -9,21 +9,23 @@ handler cannot (rejection ACKs, prologue errors, broken frames, stalls, deaths).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
-from adapters.dynamo.client_target import DynamoClientTarget, with_request_ids
+from adapters.dynamo.client_target import (
+    DynamoClientTarget,
+    DynamoRuntimeAdapter,
+    with_request_ids,
+)
 from adapters.dynamo.expectations import load_expectations
 from routespec.discovery import Instance
 from routespec.file_discovery import FileRegistration, random_instance_id, transport_path
 from routespec.portal import TrioPortal
 from routespec.scripted import ScriptedWorker
-from routespec.target import Capability, Delivery, Outcome, Target, TargetConfig, WorkerScript
+from routespec.target import Capability, Delivery, Outcome, WorkerScript
 from routespec.transport.drill_server import DrillWorkerServer
 
 ENDPOINT = "routespec/conformance/generate"
@@ -84,7 +86,7 @@ class DynamoWireTarget(DynamoClientTarget):
         self.driver.await_instances(set(), {worker.instance_id})
 
     def kill_worker(self, worker_id: int) -> None:
-        self._sync(self._workers[worker_id].server.kill)
+        self._portal.call_sync(self._workers[worker_id].server.kill)
         self.unstall(worker_id)
         self.settle()
 
@@ -92,10 +94,10 @@ class DynamoWireTarget(DynamoClientTarget):
         def assign() -> None:
             self._workers[worker_id].scripted.script = script
 
-        self._sync(assign)
+        self._portal.call_sync(assign)
 
     def release_stalled(self, worker_id: int) -> None:
-        self._sync(self._workers[worker_id].scripted.release_stalled)
+        self._portal.call_sync(self._workers[worker_id].scripted.release_stalled)
         self.unstall(worker_id)
         self.settle()
 
@@ -137,12 +139,6 @@ class DynamoWireTarget(DynamoClientTarget):
                 self.mark_stalled(suite_id, delivery.worker_id, getattr(script, "items", 0))
                 return
 
-    def _sync(self, fn: Callable[[], object]) -> None:
-        async def run() -> None:
-            fn()
-
-        self._portal.call(run)
-
 
 CAPABILITIES = frozenset(
     {
@@ -160,22 +156,6 @@ CAPABILITIES = frozenset(
 )
 
 
-@attrs.frozen
-class DynamoWireAdapter:
-    name: str = "dynamo-wire"
-    capabilities: frozenset[Capability] = CAPABILITIES
-    expected_failures: Mapping[str, str] = attrs.field(
-        factory=lambda: load_expectations(EXPECTATIONS)
-    )
-
-    @contextlib.contextmanager
-    def open(self, config: TargetConfig) -> Iterator[Target]:
-        with tempfile.TemporaryDirectory(prefix="routespec-dynamo-") as store:
-            target = DynamoWireTarget(Path(store))
-            try:
-                yield target
-            finally:
-                target.close()
-
-
-ADAPTER = DynamoWireAdapter()
+ADAPTER = DynamoRuntimeAdapter(
+    "dynamo-wire", CAPABILITIES, DynamoWireTarget, load_expectations(EXPECTATIONS)
+)

@@ -230,31 +230,33 @@ class ReferenceTarget:
             with contextlib.suppress(NotImplementedError):
                 self._cluster.announce_removal(worker_id, True)
 
-        self._sync(remove)
+        self._portal.call_sync(remove)
 
     def kill_worker(self, worker_id: int) -> None:
         self._portal.call(lambda: self._cluster.kill(worker_id))
 
     def vanish_worker(self, worker_id: int) -> None:
-        self._sync(lambda: self._discovery.withdraw(worker_id))
+        self._portal.call_sync(lambda: self._discovery.withdraw(worker_id))
 
     def announce_removal(self, worker_id: int, removed: bool) -> None:
-        self._sync(lambda: self._cluster.announce_removal(worker_id, removed))
+        self._portal.call_sync(lambda: self._cluster.announce_removal(worker_id, removed))
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
         def assign() -> None:
             self._scripted(worker_id).script = script
 
-        self._sync(assign)
+        self._portal.call_sync(assign)
 
     def release_stalled(self, worker_id: int) -> None:
-        self._sync(self._scripted(worker_id).release_stalled)
+        self._portal.call_sync(self._scripted(worker_id).release_stalled)
 
     def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
-        self._sync(lambda: self._router.worker_sets.set_monitor_overloaded(worker_id, overloaded))
+        self._portal.call_sync(
+            lambda: self._router.worker_sets.set_monitor_overloaded(worker_id, overloaded)
+        )
 
     def report_down(self, worker_id: int) -> None:
-        self._sync(lambda: self._router.worker_sets.report_instance_down(worker_id))
+        self._portal.call_sync(lambda: self._router.worker_sets.report_instance_down(worker_id))
 
     def advance_time(self, seconds: float) -> None:
         self._portal.advance(seconds)
@@ -293,7 +295,7 @@ class ReferenceTarget:
         return self._outcomes.get(request_id)
 
     def drop(self, request_id: str) -> None:
-        self._sync(self._scopes[request_id].cancel)
+        self._portal.call_sync(self._scopes[request_id].cancel)
 
     async def _run(self, request: Request, call: Call) -> None:
         items: list[object] = []
@@ -400,14 +402,6 @@ class ReferenceTarget:
 
     def bounded_message(self, message: str) -> str:
         return bound_message(message)
-
-    def _sync(self, fn: Callable[[], object]) -> None:
-        """Run a state change inside the trio run, then let every task settle."""
-
-        async def run() -> None:
-            fn()
-
-        self._portal.call(run)
 
 
 WIRE_ONLY = frozenset(

@@ -1,6 +1,6 @@
 """Adapter ``dynamo`` (the real runtime through its Python bindings) and the pieces it shares
 with ``dynamo-wire``."""
 
-from adapters.dynamo.bindings import DynamoAdapter
+from adapters.dynamo.bindings import ADAPTER
 
-ADAPTER = DynamoAdapter()
+__all__ = ["ADAPTER"]

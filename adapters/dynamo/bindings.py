@@ -16,22 +16,17 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import attrs
-
-from adapters.dynamo.client_target import DynamoClientTarget
+from adapters.dynamo.client_target import DynamoClientTarget, DynamoRuntimeAdapter
 from adapters.dynamo.driver import WAIT_LIMIT, dynamo_environment
 from routespec.target import (
     Capability,
     Delivery,
     Serve,
     Stall,
-    Target,
-    TargetConfig,
     WorkerScript,
 )
 
@@ -166,17 +161,4 @@ CAPABILITIES = frozenset(
 )
 
 
-@attrs.frozen
-class DynamoAdapter:
-    name: str = "dynamo"
-    capabilities: frozenset[Capability] = CAPABILITIES
-    expected_failures: Mapping[str, str] = attrs.field(factory=dict)
-
-    @contextlib.contextmanager
-    def open(self, config: TargetConfig) -> Iterator[Target]:
-        with tempfile.TemporaryDirectory(prefix="routespec-dynamo-") as store:
-            target = DynamoTarget(Path(store))
-            try:
-                yield target
-            finally:
-                target.close()
+ADAPTER = DynamoRuntimeAdapter("dynamo", CAPABILITIES, DynamoTarget)

@@ -8,9 +8,14 @@ the items it sent before stalling). Everything the bindings cannot reach raises
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
+
+import attrs
 
 from adapters.dynamo.driver import ClientDriver
 from routespec.target import (
@@ -21,6 +26,8 @@ from routespec.target import (
     ErrorSpec,
     Generate,
     Outcome,
+    Target,
+    TargetConfig,
     WorkerScript,
     WorkerSetsView,
 )
@@ -165,3 +172,28 @@ def with_request_ids(items: tuple[object, ...], ids: Mapping[object, str]) -> tu
         else item
         for item in items
     )
+
+
+class RuntimeTarget(Target, Protocol):
+    """A target this adapter can close, with everything it opened."""
+
+    def close(self) -> None: ...
+
+
+@attrs.frozen
+class DynamoRuntimeAdapter:
+    """Opens targets that talk to the real runtime, each in its own discovery directory."""
+
+    name: str
+    capabilities: frozenset[Capability]
+    target_class: Callable[[Path], RuntimeTarget]
+    expected_failures: Mapping[str, str] = attrs.field(factory=dict)
+
+    @contextlib.contextmanager
+    def open(self, config: TargetConfig) -> Iterator[Target]:
+        with tempfile.TemporaryDirectory(prefix="routespec-dynamo-") as store:
+            target = self.target_class(Path(store))
+            try:
+                yield target
+            finally:
+                target.close()

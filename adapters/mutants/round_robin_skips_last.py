@@ -6,16 +6,12 @@ highest-id free worker receives no round-robin traffic. It must fail SEL-006.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from adapters.reference import ReferenceAdapter
-from routespec.discovery import Discovery
 from routespec.occupancy import Permit
 from routespec.push_router import PushRouter
-from routespec.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
-from routespec.streaming import StreamingDispatch
-from routespec.worker_sets import DEFAULT_INHIBITED_DURATION
+from routespec.selection import RouterMode, Selector
 
 VIOLATES = ("SEL-006",)
 
@@ -30,30 +26,7 @@ class SkipsLastSelector(Selector):
 
 
 class SkipsLastRouter(PushRouter):
-    @classmethod
-    def create(
-        cls,
-        endpoint: str,
-        discovery: Discovery,
-        transport: StreamingDispatch,
-        *,
-        inhibited_duration: float = DEFAULT_INHIBITED_DURATION,
-        fault_detection: bool = True,
-        rng: random.Random | None = None,
-        device_ratio: int = DEFAULT_DEVICE_RATIO,
-    ) -> PushRouter:
-        router = super().create(
-            endpoint,
-            discovery,
-            transport,
-            inhibited_duration=inhibited_duration,
-            fault_detection=fault_detection,
-            rng=rng,
-            device_ratio=device_ratio,
-        )
-        old = router.selector
-        router.selector = SkipsLastSelector(old.occupancy, old.rng, old.device_of, old.device_ratio)
-        return router
+    selector_class = SkipsLastSelector
 
 
 ADAPTER = ReferenceAdapter(name="mutant:round-robin-skips-last", router_class=SkipsLastRouter)

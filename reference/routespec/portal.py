@@ -64,6 +64,14 @@ class TrioPortal:
 
         return trio.from_thread.run(settled, trio_token=self._token)
 
+    def call_sync(self, fn: Callable[[], object]) -> None:
+        """Run a synchronous state change inside the trio run, then let every task settle."""
+
+        async def run() -> None:
+            fn()
+
+        self.call(run)
+
     @property
     def nursery(self) -> trio.Nursery:
         """The run's nursery, for long-lived background tasks (servers)."""

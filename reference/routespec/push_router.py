@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import ClassVar
 
 import attrs
 
@@ -50,6 +51,7 @@ class PushRouter:
     worker_sets: WorkerSets
     selector: Selector
     fault_detection: bool = True
+    selector_class: ClassVar[type[Selector]] = Selector
 
     @classmethod
     def create(
@@ -63,7 +65,7 @@ class PushRouter:
         rng: random.Random | None = None,
         device_ratio: int = DEFAULT_DEVICE_RATIO,
     ) -> PushRouter:
-        selector = Selector(
+        selector = cls.selector_class(
             OccupancyTracker(), rng or random.Random(), discovery.device_type, device_ratio
         )
         worker_sets = WorkerSets(discovery, inhibited_duration)
