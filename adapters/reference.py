@@ -5,16 +5,18 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
 import attrs
 import trio
 
+from adapters.reference_host import ReferenceHost, build_host
 from routespec.discovery import Instance, MemoryDiscovery
 from routespec.errors import RoutingError, bound_message, error_chain, parse_type_label, type_label
 from routespec.errors import match_error_chain as reference_match_error_chain
+from routespec.host.routing_host import RoutingHost
 from routespec.in_process import InProcessDispatch
 from routespec.migration import Migration
 from routespec.portal import TrioPortal
@@ -38,9 +40,12 @@ from routespec.target import (
     DirectWithin,
     ErrorSpec,
     Generate,
+    HostConfig,
+    HostRoute,
     Migrate,
     ObservedError,
     Outcome,
+    RoutingHostTarget,
     Target,
     TargetConfig,
     WorkerScript,
@@ -171,8 +176,12 @@ class ReferenceTarget:
         router_class: type[PushRouter],
         cluster: Cluster,
         migration_class: type[Migration] = Migration,
+        host_class: type[RoutingHost] = RoutingHost,
     ):
         self._portal = portal
+        self._host_class = host_class
+        self._config = config
+        self._host: ReferenceHost | None = None
         self._migration_class = migration_class
         self._discovery = MemoryDiscovery()
         self._cluster = cluster
@@ -211,6 +220,8 @@ class ReferenceTarget:
             self._discovery.register(Instance(worker_id, ENDPOINT, address, device))
 
         self._portal.call(register)
+        if self._host is not None:
+            self._host.configure_worker(worker_id)
         return worker_id
 
     def add_worker_process(self, script: WorkerScript) -> int:
@@ -266,10 +277,20 @@ class ReferenceTarget:
     def submit(
         self, call: Call, metadata: Mapping[str, str] | None = None, guarded: bool = False
     ) -> str:
+        if isinstance(call, HostRoute):
+            return self._require_host().route(call)
+        return self._start(lambda request: self._open_stream(request, call), metadata, guarded)
+
+    def _start(
+        self,
+        open_stream: Callable[[Request], Awaitable[ItemStream]],
+        metadata: Mapping[str, str] | None = None,
+        guarded: bool = False,
+    ) -> str:
         request_id = f"req-{next(self._request_numbers)}"
         guard = CountingGuard(self._guards) if guarded else None
-        request = Request(request_id, {"call": repr(call)}, dict(metadata or {}), guard)
-        self._portal.start_soon(lambda: self._run(request, call))
+        request = Request(request_id, {}, dict(metadata or {}), guard)
+        self._portal.start_soon(lambda: self._run(request, open_stream))
         if self._in_a_process(request_id):
             self._portal.call(
                 lambda: self._cluster.settle_process_request(
@@ -297,14 +318,17 @@ class ReferenceTarget:
     def drop(self, request_id: str) -> None:
         self._portal.call_sync(self._scopes[request_id].cancel)
 
-    async def _run(self, request: Request, call: Call) -> None:
+    async def _run(
+        self, request: Request, open_stream: Callable[[Request], Awaitable[ItemStream]]
+    ) -> None:
         items: list[object] = []
         error_item: ObservedError | None = None
+        bookings: Mapping[int, int] | None = None
         stream: ItemStream | None = None
         with trio.CancelScope() as scope:  # drop() cancels it, before or after the stream
             self._scopes[request.request_id] = scope
             try:
-                stream = await self._open_stream(request, call)
+                stream = await open_stream(request)
             except RoutingError as failure:
                 del self._scopes[request.request_id]
                 self._outcomes[request.request_id] = Outcome((), observe(failure, pre_stream=True))
@@ -312,16 +336,23 @@ class ReferenceTarget:
             async for item in stream:
                 if item.error is not None:
                     error_item = observe(item.error, pre_stream=False)
+                    if self._host is not None:
+                        bookings = self._host.bookings()  # as the caller sees the error
                     break  # a caller stops reading at the first error item
                 items.append(item.data)
         if stream is not None:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
         del self._scopes[request.request_id]
-        self._outcomes[request.request_id] = Outcome(tuple(items), error_item, scope.cancel_called)
+        self._outcomes[request.request_id] = Outcome(
+            tuple(items), error_item, scope.cancel_called, bookings
+        )
 
     async def _open_stream(self, request: Request, call: Call) -> ItemStream:
         router, prepare = self._router, stamp_prepared_target
+        request = attrs.evolve(request, payload={"call": repr(call)})
+        if isinstance(call, HostRoute):
+            return await self._require_host().open_stream(request, call)
         if isinstance(call, Migrate):
             return await self._migrate(request, call)
         if isinstance(call, Generate):
@@ -352,6 +383,38 @@ class ReferenceTarget:
             prepare=stamp_prepared_target,
             is_stopped=lambda: call.stopped,
         )
+
+    # the routing host
+
+    def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
+        async def build() -> RoutingHost | ObservedError:
+            try:
+                return build_host(
+                    self._host_class,
+                    self._router,
+                    config,
+                    self._config.seed,
+                    stamp_prepared_target,
+                    self._router.worker_sets.discovered_ids(),
+                )
+            except RoutingError as failure:
+                return observe(failure, pre_stream=True)
+
+        built = self._portal.call(build)
+        if isinstance(built, ObservedError):
+            return built
+        self._host = ReferenceHost(
+            self._portal,
+            built,
+            self._start,
+            lambda failure: observe(failure, pre_stream=True),
+            self._migration_class,
+        )
+        return self._host
+
+    def _require_host(self) -> ReferenceHost:
+        assert self._host is not None, "open_host() first"
+        return self._host
 
     # observations
 
@@ -429,13 +492,19 @@ class ReferenceAdapter:
     expected_failures: Mapping[str, str] = attrs.field(factory=dict)
     cluster: ClusterFactory = in_process_cluster
     migration_class: type[Migration] = Migration
+    host_class: type[RoutingHost] = RoutingHost
 
     @contextmanager
     def open(self, config: TargetConfig) -> Iterator[Target]:
         portal = TrioPortal()
         try:
             yield ReferenceTarget(
-                portal, config, self.router_class, self.cluster(portal), self.migration_class
+                portal,
+                config,
+                self.router_class,
+                self.cluster(portal),
+                self.migration_class,
+                self.host_class,
             )
         finally:
             portal.close()

@@ -19,6 +19,7 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from conformance import seed_map
 from conformance.checks import RequirementViolation, take_evidence
 from conformance.registry import Requirement, SpecFormatError, load_requirements
 from routespec.target import Adapter, Target, TargetConfig
@@ -331,9 +332,11 @@ def write_report(run: ConformanceRun, path: Path) -> None:
         "summary": {v: sum(1 for row in rows if row["result"] == v) for v in RESULT_ORDER},
         "requirements": rows,
     }
+    document["seed003"], seed003_markdown = seed_map.report_section(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    path.with_suffix(".md").write_text(_markdown(document), encoding="utf-8")
+    markdown = _markdown(document) + "\n" + seed003_markdown
+    path.with_suffix(".md").write_text(markdown, encoding="utf-8")
 
 
 def _markdown(document: dict[str, object]) -> str:

@@ -31,6 +31,7 @@ from routespec.target import (
     FailBeforeStream,
     FailMidStream,
     Generate,
+    HostRoute,
     Migrate,
     Outcome,
     Preselected,
@@ -326,7 +327,11 @@ class DispatchMachine(RuleBasedStateMachine):
 
     def check_overload_masking(self, call: Call, outcome: Outcome | None) -> None:
         """A target without a transport record must not fail as overloaded (DSP-003)."""
-        if isinstance(call, Generate | Bidirectional | Migrate) or not outcome or not outcome.error:
+        if (
+            isinstance(call, Generate | Bidirectional | Migrate | HostRoute)
+            or not outcome
+            or not outcome.error
+        ):
             return
         target = self.model.workers.get(call.worker_id)
         if target is not None and not target.record and call.worker_id in self.model.overloaded():

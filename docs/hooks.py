@@ -1,12 +1,15 @@
-"""MkDocs hook: publish spec/*.md under ``spec/`` and generate ``spec/requirements.md``.
+"""MkDocs hook: publish spec/*.md under ``spec/`` and generate ``spec/requirements.md`` and
+``seed003.md``.
 
 The spec stays where it is (``spec/`` at the repository root, outside ``docs_dir``); this hook
 adds each page to the site as a generated file, and builds the requirement index from the
 project's own registry (``conformance.registry``), the same code the conformance suite uses.
+``seed003.md`` is the upstream suite's coverage table, rendered by ``conformance.seed_map``.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -25,26 +28,26 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / "spec"
 SPEC_PREFIX = "spec/"
 INDEX_URI = SPEC_PREFIX + "requirements.md"
+SEED_URI = "seed003.md"
 NONE = "—"
 
 _AREA = re.compile(r"^(?P<area>[A-Z]{2,4})-\d{3}$")
 _AREA_CODE = re.compile(r"`(?P<area>[A-Z]{2,4})`")
-_PAGE_TITLE = re.compile(r"^# (?P<title>.+?)(?: \(`[A-Z]{2,4}`\))?\s*$", re.MULTILINE)
+_PAGE_TITLE = re.compile(r"^# (?P<title>.+?)(?: \(`[A-Z]{2,4}`(?:, `[A-Z]{2,4}`)*\))?\s*$", re.M)
 
 
-def _registry() -> ModuleType:
-    """``conformance.registry``, importable once the repository root is on ``sys.path``."""
+def _conformance(module: str) -> ModuleType:
+    """``conformance.<module>``, importable once the repository root is on ``sys.path``."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from conformance import registry
-
-    return registry
+    return importlib.import_module(f"conformance.{module}")
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     for page in sorted(SPEC_DIR.glob("*.md")):
         _add(files, File.generated(config, SPEC_PREFIX + page.name, abs_src_path=str(page)))
     _add(files, File.generated(config, INDEX_URI, content=requirement_index()))
+    _add(files, File.generated(config, SEED_URI, content=_conformance("seed_map").page()))
     return files
 
 
@@ -68,7 +71,7 @@ def _add(files: Files, file: File) -> None:
 
 
 def requirement_index() -> str:
-    registry = _registry()
+    registry = _conformance("registry")
     requirements: Mapping[str, Requirement] = registry.load_requirements()
     citations: list[CheckCitation] = registry.scan_checks()
     implementations: Mapping[str, list[str]] = registry.scan_implementations()

@@ -25,7 +25,10 @@ from routespec.target import (
     Direct,
     ErrorSpec,
     Generate,
+    HostConfig,
+    ObservedError,
     Outcome,
+    RoutingHostTarget,
     Target,
     TargetConfig,
     WorkerScript,
@@ -142,6 +145,9 @@ class DynamoClientTarget:
 
     def occupancy(self) -> Mapping[int, int]:
         raise NotImplementedError(Capability.OBSERVE_OCCUPANCY.value)
+
+    def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
+        raise NotImplementedError(Capability.ROUTING_HOST.value)
 
     def held_guards(self) -> int:
         raise NotImplementedError(Capability.FIRST_RESPONSE_GUARD.value)

@@ -10,7 +10,7 @@ the stream are retried for any request.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 
@@ -23,9 +23,9 @@ from routespec.errors import (
     match_error_chain,
 )
 from routespec.exclusions import Exclusions
-from routespec.push_router import Prepare, PushRouter, RouterStream
+from routespec.push_router import Prepare, PushRouter
 from routespec.selection import RouterMode
-from routespec.streaming import Annotated, Request
+from routespec.streaming import Annotated, ItemStream, Request
 
 MIGRATABLE_TYPES: frozenset[ErrorType] = frozenset(
     {
@@ -45,6 +45,8 @@ MIGRATABLE_TYPES: frozenset[ErrorType] = frozenset(
 )
 BLOCKING_TYPES = MIGRATION_BLOCKING_TYPES  # the transport's sensitive set: one object (MIG-015)
 CANCELLED_FINISH = "cancelled"
+
+Attempt = Callable[[Request, Exclusions], Awaitable[ItemStream]]
 
 
 def is_migratable(error: BaseException) -> bool:
@@ -99,10 +101,29 @@ class Migration:
     ) -> MigratingStream:
         """``pin`` is an explicit worker for the request's phase: it blocks migration
         (MIG-011). ``is_stopped`` reports the caller's context (MIG-006)."""
+        router = self.router
+
+        async def attempt(request: Request, exclusions: Exclusions) -> ItemStream:
+            if pin is not None:
+                return await router.direct(request, pin, prepare)
+            return await router.generate(request, mode, prepare, exclusions)
+
+        return await self.stream(request, attempt, pinned=pin is not None, is_stopped=is_stopped)
+
+    async def stream(
+        self,
+        request: Request,
+        attempt: Attempt,
+        *,
+        pinned: bool,
+        is_stopped: Callable[[], bool],
+    ) -> MigratingStream:
+        """Migrate ``request`` over any dispatcher: ``attempt`` sends it once, never to a
+        worker in the exclusions it is given, and records a failed worker there."""
         attempts = self.limit + 1  # Python integers: no overflow at any limit (MIG-004)
-        if pin is not None or not migration_permitted(request.payload):
+        if pinned or not migration_permitted(request.payload):
             attempts = 1
-        stream = MigratingStream(self, request, mode, pin, prepare, is_stopped, attempts)
+        stream = MigratingStream(self, request, attempt, is_stopped, attempts)
         await stream.open()
         return stream
 
@@ -114,43 +135,34 @@ class MigratingStream:
         self,
         migration: Migration,
         request: Request,
-        mode: RouterMode,
-        pin: int | None,
-        prepare: Prepare | None,
+        attempt: Attempt,
         is_stopped: Callable[[], bool],
         attempts: int,
     ) -> None:
         self._migration = migration
         self._original = request
         self._request = request
-        self._mode = mode
-        self._pin = pin
-        self._prepare = prepare
+        self._send = attempt
         self._is_stopped = is_stopped
         self._attempts_left = attempts
         self._exclusions = Exclusions()
         self._delivered: list[int] = []
         self._ready: collections.deque[Annotated] = collections.deque()
         self._held: Annotated | None = None
-        self._stream: RouterStream | None = None
+        self._stream: ItemStream | None = None
         self._done = False
 
     async def open(self) -> None:
         self._stream = await self._attempt()
 
-    async def _attempt(self) -> RouterStream:
+    async def _attempt(self) -> ItemStream:
         """Dispatch until a stream exists, a failure may not migrate, or attempts run out."""
         while True:
             if self._is_stopped():
                 raise RoutingError(ErrorKind.CANCELLED, "request stopped before a new attempt")
             self._attempts_left -= 1
-            router = self._migration.router
             try:  # a fresh attempt under the same request id (MIG-007)
-                if self._pin is not None:
-                    return await router.direct(self._request, self._pin, self._prepare)
-                return await router.generate(
-                    self._request, self._mode, self._prepare, self._exclusions
-                )
+                return await self._send(self._request, self._exclusions)
             except RoutingError as failure:
                 if not self._may_retry(failure):
                     raise

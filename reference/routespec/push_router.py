@@ -149,6 +149,19 @@ class PushRouter:
         """
         return await self._dispatch(request, instance_id, DENY, permit, prepare)
 
+    async def dispatch_to(
+        self,
+        request: Request,
+        instance_id: int,
+        fallback: TransportFallback,
+        permit: Permit | None = None,
+        prepare: Prepare | None = None,
+        exclusions: Exclusions | None = None,
+    ) -> RouterStream:
+        """Dispatch to a worker a routing host chose, with the fallback it allows; a failure
+        is recorded in ``exclusions`` before it is visible (MIG-010)."""
+        return await self._dispatch(request, instance_id, fallback, permit, prepare, exclusions)
+
     async def _dispatch(
         self,
         request: Request,

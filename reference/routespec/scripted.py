@@ -19,6 +19,8 @@ from routespec.target import (
     Reject,
     Serve,
     Stall,
+    TerminalFlood,
+    TerminalThen,
     WireFault,
     WorkerScript,
 )
@@ -93,22 +95,40 @@ class ScriptedWorker:
             budget = tokens[1]
             first = budget if isinstance(script, Serve) else min(first, budget)
             total = budget if isinstance(script, Serve | Stall) else first
+        if isinstance(script, TerminalThen | TerminalFlood):
+            total = first + 1  # the terminal frame, not a data item, ends the stream
         for index in range(first):
             yield self._item(request, index, tokens, last=index == total - 1)
         if isinstance(script, FailMidStream):
             raise build_error(script.error)
         if isinstance(script, CancelThenFail):
-            yield {"worker": self.worker_id, "request": request_id, "token_ids": [],
-                   "finish_reason": "cancelled"}  # fmt: skip
+            yield self._terminal(request_id, "cancelled")
             raise build_error(script.error)
         if isinstance(script, Misbehave):
             yield WireFaultMarker(script.fault)
         if isinstance(script, Stall):
-            if self.on_stall is not None:
-                self.on_stall(request_id)
-            await release.wait()
+            await self._stall(request_id, release)
             for index in range(first, total):
                 yield self._item(request, index, tokens, last=index == total - 1)
+        if isinstance(script, TerminalThen):
+            yield self._terminal(request_id, script.finish)
+            if script.stall:
+                await self._stall(request_id, release)
+            if script.error is not None:
+                raise build_error(script.error)
+        if isinstance(script, TerminalFlood):
+            while True:
+                yield self._terminal(request_id, "cancelled")
+                await trio.sleep(script.interval)
+
+    async def _stall(self, request_id: str, release: trio.Event) -> None:
+        if self.on_stall is not None:
+            self.on_stall(request_id)
+        await release.wait()
+
+    def _terminal(self, request_id: str, finish: str) -> dict[str, object]:
+        return {"worker": self.worker_id, "request": request_id, "token_ids": [],
+                "finish_reason": finish}  # fmt: skip
 
     def _item(
         self, request: Request, index: int, tokens: tuple[int, int] | None, *, last: bool

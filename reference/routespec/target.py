@@ -54,6 +54,7 @@ class Capability(enum.Enum):
     OBSERVE_OCCUPANCY = "observe:occupancy"
     OBSERVE_PREPARED_TARGET = "observe:prepared-target"
     ERROR_MODEL = "errors:model"
+    ROUTING_HOST = "host:routing-host"
 
 
 @attrs.frozen
@@ -147,8 +148,36 @@ class CancelThenFail:
     error: ErrorSpec
 
 
+@attrs.frozen
+class TerminalThen:
+    """Yield ``items`` data items, then a terminal frame with ``finish_reason`` ``finish``;
+    then, if ``stall``, wait until released; then one error item if ``error`` is given;
+    then end the stream."""
+
+    items: int = 0
+    finish: str = "cancelled"
+    stall: bool = False
+    error: ErrorSpec | None = None
+
+
+@attrs.frozen
+class TerminalFlood:
+    """Send a terminal frame (``finish_reason: "cancelled"``) every ``interval`` seconds of
+    the target's clock, forever: a worker that never lets a drain end by itself."""
+
+    interval: float = 1.0
+
+
 WorkerScript = (
-    Serve | FailBeforeStream | FailMidStream | Stall | Reject | Misbehave | CancelThenFail
+    Serve
+    | FailBeforeStream
+    | FailMidStream
+    | Stall
+    | Reject
+    | Misbehave
+    | CancelThenFail
+    | TerminalThen
+    | TerminalFlood
 )
 
 
@@ -217,7 +246,39 @@ class Migrate:
     stopped: bool = False
 
 
-Call = Generate | Direct | DirectWithin | Preselected | Bidirectional | Migrate
+@attrs.frozen
+class HostRoute:
+    """A token request through the routing host (Capability.ROUTING_HOST).
+
+    The prompt is ``tokens``; a scripted worker answers with ``max_tokens`` tokens as for
+    ``Migrate``. ``phase`` is ``aggregated``, ``prefill`` or ``decode``; the worker fields
+    are Dynamo's ``nvext`` routing fields; ``session`` is a session-affinity id; ``lora``
+    an adapter name; ``allowed`` and ``required_taints`` constrain the workers; ``excluded``
+    are workers a previous attempt already failed on, each recorded with a
+    ``WorkerOverloaded`` failure (so an exhausted set is ``ResourceExhausted``, MIG-012).
+    ``stopped`` marks the caller's context stopped before routing starts; ``staged_kv`` marks
+    a decode leg whose prefill left KV blocks to release. With ``migration_limit`` the
+    request goes through migration.
+    """
+
+    phase: str = "aggregated"
+    backend_instance_id: int | None = None
+    decode_worker_id: int | None = None
+    prefill_worker_id: int | None = None
+    dp_rank: int | None = None
+    session: str | None = None
+    lora: str | None = None
+    allowed: frozenset[int] | None = None
+    required_taints: frozenset[str] = frozenset()
+    excluded: frozenset[int] = frozenset()
+    tokens: tuple[int, ...] = (1,)
+    max_tokens: int = 1
+    staged_kv: bool = False
+    stopped: bool = False
+    migration_limit: int | None = None
+
+
+Call = Generate | Direct | DirectWithin | Preselected | Bidirectional | Migrate | HostRoute
 
 
 # --- observations ---
@@ -260,6 +321,9 @@ class Outcome:
     items: tuple[object, ...]
     error: ObservedError | None
     dropped: bool = False
+    bookings_at_error: Mapping[int, int] | None = None
+    """For a routing-host request that ended with an error item: the host's bookings at the
+    moment the caller received that item."""
 
 
 @attrs.frozen
@@ -289,6 +353,105 @@ class TargetConfig:
     inhibited_duration: float = 5.0
     fault_detection: bool = True
     device_ratio: int = 8
+
+
+@attrs.frozen
+class HostConfig:
+    """How a routing host is built: its policy (a builtin mode label, ``direct`` or ``kv``),
+    session affinity (off when ``affinity_ttl`` is None; ``hard`` or ``soft``), LoRA
+    filtering, and the KV selector's settings."""
+
+    policy: str = "round-robin"
+    affinity_ttl: float | None = None
+    affinity_mode: str = "hard"
+    max_affinity_entries: int = 65_536
+    lora: bool = False
+    temperature: float = 0.0
+    block_size: int = 16
+
+
+@attrs.frozen
+class PlanView:
+    """A previewed or planned route: its id, its worker, and its cleanup budget left."""
+
+    plan_id: int
+    worker_id: int
+    budget_remaining: float
+
+
+@attrs.frozen
+class SessionView:
+    """``state``: ``disabled`` (no coordinator), ``unbound``, ``initializing`` or ``bound``."""
+
+    state: str
+    worker_id: int | None = None
+    dp_rank: int | None = None
+
+
+@attrs.frozen
+class HostView:
+    """The worker inputs the host's policy declares and those the host built."""
+
+    required_inputs: frozenset[str]
+    constructed_inputs: frozenset[str]
+
+
+class RoutingHostTarget(Protocol):
+    """The routing host of a target (Capability.ROUTING_HOST). Its requests share the
+    target's dispatch log and outcomes."""
+
+    def route(self, route: HostRoute) -> str:
+        """Start a request through the host; returns its id once it has settled."""
+        ...
+
+    def stop(self, request_id: str) -> None:
+        """The caller's context stops (a client stop), while the caller still reads."""
+        ...
+
+    def preview(self, route: HostRoute) -> PlanView | ObservedError: ...
+    def plan(self, preview_id: int) -> PlanView | ObservedError: ...
+    def dispatch_plan(self, plan_id: int, *, stop_first: bool = False) -> str:
+        """Dispatch a plan (its caller stopped first, if ``stop_first``); returns the id of
+        the request, whose outcome the target reports."""
+        ...
+
+    def abort_plan(self, plan_id: int) -> None: ...
+    def prefill_busy(self, route: HostRoute, threshold: float) -> bool: ...
+
+    def bind_session(self, session: str, worker_id: int, dp_rank: int | None = None) -> None:
+        """Initialize ``session`` and commit this target, as a first request would."""
+        ...
+
+    def hold_session(self, session: str) -> None:
+        """Start initializing ``session`` and keep the initialization pending."""
+        ...
+
+    def release_session(self, session: str) -> None:
+        """Drop the initialization ``hold_session`` keeps pending."""
+        ...
+
+    def session(self, session: str) -> SessionView: ...
+    def configure_worker(
+        self, worker_id: int, *, taints: frozenset[str] = frozenset(), dp_size: int = 1
+    ) -> None:
+        """The worker's runtime configuration as the selector sees it."""
+        ...
+
+    def forget_worker_config(self, worker_id: int) -> None:
+        """The selector has not yet seen the worker's configuration (a config-watch gap)."""
+        ...
+
+    def set_lora_replicas(self, adapter: str, workers: frozenset[int]) -> None: ...
+    def bookings(self) -> Mapping[int, int]:
+        """Admitted requests per worker in the host's load input (occupancy or KV)."""
+        ...
+
+    def counters(self) -> tuple[int, int]:
+        """(requests started, requests completed)."""
+        ...
+
+    def lora_inflight(self) -> Mapping[str, int]: ...
+    def inputs(self) -> HostView: ...
 
 
 class Target(Protocol):
@@ -356,6 +519,11 @@ class Target(Protocol):
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         """Open a connection to the worker's request-plane port (or, for None, the router's
         response-stream port), write ``data``, close it (Capability.WIRE_TRANSPORT)."""
+        ...
+
+    def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
+        """Build a routing host over this target's workers (Capability.ROUTING_HOST), or the
+        error its construction failed with."""
         ...
 
     # the error model as a library (Capability.ERROR_MODEL)

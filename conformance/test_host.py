@@ -1,0 +1,605 @@
+"""Routing host (HST): policies and their inputs, explicit workers, Direct mode, counters,
+cancellation and its budget, LoRA filtering, and migration over the host.
+
+Requests are token requests (``HostRoute``): a completed one reads the tokens
+``len(tokens) .. len(tokens) + max_tokens - 1``, whichever workers produced them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks import covers, require, requires
+from conformance.host import ended, host_of, planned, workers
+from conformance.plugin import OpenTarget
+from conformance.scenario import reached
+from routespec.target import (
+    CancelThenFail,
+    Capability,
+    ErrorSpec,
+    FailBeforeStream,
+    FailMidStream,
+    HostConfig,
+    HostRoute,
+    ObservedError,
+    Outcome,
+    RoutingHostTarget,
+    Serve,
+    Stall,
+    Target,
+    TargetConfig,
+    TerminalThen,
+    WorkerScript,
+)
+
+HOST = Capability.ROUTING_HOST
+UNKNOWN = 9_999
+STEADY = TargetConfig(fault_detection=False)
+"""No fault detection: a failure does not inhibit the only worker a scenario goes on using."""
+
+
+def tokens(outcome: Outcome) -> list[int]:
+    return [
+        token
+        for item in outcome.items
+        if isinstance(item, dict) and isinstance(item.get("token_ids"), list)
+        for token in item["token_ids"]
+    ]
+
+
+def failed_with(outcome: Outcome, label: str, message: str | None = None) -> bool:
+    error = outcome.error
+    return (
+        error is not None
+        and error.type == label
+        and (message is None or error.links[0][1] == message)
+    )
+
+
+# --- HST-001, HST-002: policies and the inputs they declare ---
+
+POLICY_INPUTS = {
+    "round-robin": frozenset(),
+    "random": frozenset(),
+    "power-of-two-choices": frozenset({"occupancy"}),
+    "least-loaded": frozenset({"occupancy"}),
+    "kv": frozenset({"cache", "load"}),
+}
+
+
+@covers("HST-001")
+@requires(HOST)
+@pytest.mark.parametrize("policy", sorted(POLICY_INPUTS))
+def test_a_host_builds_only_the_inputs_its_policy_declares(target: Target, policy: str) -> None:
+    view = host_of(target, "HST-001", HostConfig(policy=policy)).inputs()
+    require(
+        "HST-001",
+        view.required_inputs == POLICY_INPUTS[policy]
+        and view.constructed_inputs == view.required_inputs,
+        f"{policy} should declare and build {sorted(POLICY_INPUTS[policy])}; it declares "
+        f"{sorted(view.required_inputs)} and built {sorted(view.constructed_inputs)}",
+    )
+
+
+@covers("HST-002")
+@requires(HOST, Capability.SCRIPT_STALL, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("policy", ["least-loaded", "power-of-two-choices"])
+def test_an_occupancy_policy_books_before_dispatch_and_releases_at_the_end(
+    target: Target, policy: str
+) -> None:
+    first, second = workers(target, 2, Stall(items=1))
+    host = host_of(target, "HST-002", HostConfig(policy=policy))
+    held = host.route(HostRoute())
+    chosen = reached(target, held)
+    require("HST-002", host.bookings() == {chosen[0]: 1}, f"booked {host.bookings()}")
+    other = host.route(HostRoute())
+    require(
+        "HST-002",
+        {*chosen, *reached(target, other)} == {first, second},
+        f"with one worker booked the next request should go to the idle one; the two went "
+        f"to {chosen + reached(target, other)}",
+    )
+    target.release_stalled(first)
+    target.release_stalled(second)
+    require("HST-002", host.bookings() == {}, f"bookings after both ended: {host.bookings()}")
+    target.script_worker(first, FailBeforeStream(ErrorSpec("Backend(InvalidArgument)")))
+    target.script_worker(second, FailMidStream(0, ErrorSpec("Disconnected")))
+    for _ in range(2):
+        host.route(HostRoute())
+    require("HST-002", host.bookings() == {}, f"bookings after failures: {host.bookings()}")
+
+
+# --- HST-003 to HST-009: explicit workers and Direct mode ---
+
+
+@covers("HST-003")
+@requires(HOST)
+@pytest.mark.parametrize(
+    ("phase", "fields", "expected"),
+    [
+        ("aggregated", {"decode_worker_id": 0, "backend_instance_id": 1}, 0),
+        ("aggregated", {"backend_instance_id": 1, "prefill_worker_id": UNKNOWN}, 1),
+        ("decode", {"decode_worker_id": 2, "backend_instance_id": 1}, 2),
+        ("decode", {"backend_instance_id": 1, "prefill_worker_id": 0}, 1),
+        ("prefill", {"prefill_worker_id": 2, "decode_worker_id": 0}, 2),
+        ("prefill", {"backend_instance_id": 0, "decode_worker_id": UNKNOWN}, 0),
+    ],
+)
+def test_the_phase_decides_which_field_names_the_explicit_worker(
+    target: Target, phase: str, fields: dict[str, int], expected: int
+) -> None:
+    pool = workers(target, 3)
+    resolved = {name: pool[i] if i < len(pool) else i for name, i in fields.items()}
+    host = host_of(target, "HST-003", HostConfig(policy="round-robin"))
+    request = host.route(HostRoute(phase=phase, **resolved))  # type: ignore[arg-type]
+    outcome, attempts = ended(target, request, "HST-003")
+    require(
+        "HST-003",
+        outcome.error is None and attempts == [pool[expected]],
+        f"a {phase} request with {resolved} should reach worker {pool[expected]}; it reached "
+        f"{attempts} ({outcome.error and outcome.error.describe()})",
+    )
+
+
+@covers("HST-004")
+@requires(HOST)
+@pytest.mark.parametrize("policy", ["round-robin", "least-loaded", "kv"])
+@pytest.mark.parametrize(
+    ("field", "phase"),
+    [
+        ("backend_instance_id", "aggregated"),
+        ("decode_worker_id", "decode"),
+        ("prefill_worker_id", "prefill"),
+    ],
+)
+def test_an_unknown_explicit_worker_is_an_invalid_argument(
+    target: Target, policy: str, field: str, phase: str
+) -> None:
+    workers(target, 2)
+    host = host_of(target, "HST-004", HostConfig(policy=policy))
+    request = host.route(HostRoute(phase=phase, **{field: UNKNOWN}))  # type: ignore[arg-type]
+    outcome, attempts = ended(target, request, "HST-004")
+    message = f"nvext.{field}={UNKNOWN} does not identify a known worker"
+    require(
+        "HST-004",
+        failed_with(outcome, "InvalidArgument", message)
+        and not attempts
+        and host.bookings() == {}
+        and host.counters() == (0, 0),
+        f"expected InvalidArgument {message!r} before admission; got {outcome}, reached "
+        f"{attempts}, bookings {host.bookings()}, counters {host.counters()}",
+    )
+
+
+@covers("HST-005")
+@requires(HOST, Capability.REPORT_DOWN, Capability.MARK_OVERLOADED)
+def test_validation_asks_discovery_not_routability(target: Target) -> None:
+    inhibited, overloaded, _ = workers(target, 3)
+    host = host_of(target, "HST-005", HostConfig(policy="round-robin"))
+    target.report_down(inhibited)
+    target.mark_overloaded(overloaded, True)
+    for worker in (inhibited, overloaded):
+        outcome, _ = ended(target, host.route(HostRoute(backend_instance_id=worker)), "HST-005")
+        require(
+            "HST-005",
+            outcome.error is None or outcome.error.type != "InvalidArgument",
+            f"worker {worker} is discovered (though inhibited or overloaded), so naming it "
+            f"is valid; got {outcome.error and outcome.error.describe()}",
+        )
+
+
+@covers("HST-006")
+@requires(HOST, Capability.REMOVE_WORKER)
+def test_an_explicit_worker_is_not_revalidated_after_preview(target: Target) -> None:
+    pinned, _ = workers(target, 2)
+    host = host_of(target, "HST-006", HostConfig(policy="kv"))
+    preview = planned(host.preview(HostRoute(phase="decode", decode_worker_id=pinned)), "HST-006")
+    plan = planned(host.plan(preview.plan_id), "HST-006")
+    target.remove_worker(pinned)
+    outcome, attempts = ended(target, host.dispatch_plan(plan.plan_id), "HST-006")
+    require(
+        "HST-006",
+        outcome.error is not None and outcome.error.type != "InvalidArgument" and not attempts,
+        f"worker {pinned} left after the preview; the dispatch should fail as a service error, "
+        f"not InvalidArgument; got {outcome}, reached {attempts}",
+    )
+
+
+@covers("HST-007")
+@requires(HOST)
+@pytest.mark.parametrize("phase", ["aggregated", "prefill", "decode"])
+def test_direct_mode_needs_a_target(target: Target, phase: str) -> None:
+    workers(target, 2)
+    host = host_of(target, "HST-007", HostConfig(policy="direct", affinity_ttl=10))
+    outcome, attempts = ended(target, host.route(HostRoute(phase=phase, session="s")), "HST-007")
+    message = f"worker ID required for {phase} request in Direct routing mode"
+    require(
+        "HST-007",
+        failed_with(outcome, "InvalidArgument", message) and not attempts,
+        f"expected InvalidArgument {message!r}; got {outcome}, reached {attempts}",
+    )
+
+
+@covers("HST-008")
+@requires(HOST, Capability.VANISH_WORKER, Capability.REPORT_DOWN)
+def test_pins_are_exact_while_direct_mode_keeps_the_fallback(target: Target) -> None:
+    vanished, inhibited, spare = workers(target, 3)
+    target.vanish_worker(vanished)
+    target.report_down(inhibited)
+    pinning = host_of(target, "HST-008", HostConfig(policy="round-robin"))
+    outcome, attempts = ended(target, pinning.route(HostRoute(backend_instance_id=vanished)), "")
+    require(
+        "HST-008",
+        outcome.error is not None and outcome.error.type == "CannotConnect" and not attempts,
+        f"a pin on worker {vanished}, whose transport record is gone, must fail CannotConnect "
+        f"without reaching another worker; got {outcome}, reached {attempts}",
+    )
+    outcome, attempts = ended(target, pinning.route(HostRoute(backend_instance_id=inhibited)), "")
+    require(
+        "HST-008",
+        outcome.error is None and attempts == [inhibited],
+        f"a pin ignores local inhibition; reached {attempts}, got {outcome.error}",
+    )
+    direct = host_of(target, "HST-008", HostConfig(policy="direct"))
+    outcome, attempts = ended(target, direct.route(HostRoute(backend_instance_id=vanished)), "")
+    require(
+        "HST-008",
+        outcome.error is None and attempts == [spare],
+        f"Direct mode without affinity falls back from vanished worker {vanished} to the free "
+        f"worker {spare}; reached {attempts}, got {outcome.error}",
+    )
+
+
+@covers("HST-009")
+@requires(HOST, Capability.REMOVE_WORKER)
+def test_a_stale_binding_in_direct_mode_is_a_connection_failure(target: Target) -> None:
+    bound, _ = workers(target, 2)
+    host = host_of(target, "HST-009", HostConfig(policy="direct", affinity_ttl=10))
+    host.bind_session("s", bound)
+    target.remove_worker(bound)
+    outcome, attempts = ended(target, host.route(HostRoute(session="s")), "HST-009")
+    session = host.session("s")
+    require(
+        "HST-009",
+        failed_with(outcome, "CannotConnect") and not attempts and session.state == "unbound",
+        f"the session's worker {bound} left; expected CannotConnect, no worker reached and the "
+        f"binding cleared; got {outcome}, reached {attempts}, session {session}",
+    )
+
+
+# --- HST-010, HST-011: request counters ---
+
+
+@covers("HST-010")
+@requires(HOST, Capability.SCRIPT_FAILURES)
+def test_the_started_counter_counts_admissions(open_target: OpenTarget) -> None:
+    with open_target(STEADY) as target:
+        started_counter_scenario(target)
+
+
+def started_counter_scenario(target: Target) -> None:
+    (worker,) = workers(target, 1)
+    host = host_of(target, "HST-010", HostConfig(policy="kv"))
+
+    def expect(started: int, after: str) -> None:
+        require(
+            "HST-010",
+            host.counters()[0] == started,
+            f"after {after} started should be {started}, is {host.counters()[0]}",
+        )
+
+    host.route(HostRoute(stopped=True))
+    expect(0, "a request cancelled before admission")
+    preview = planned(host.preview(HostRoute()), "HST-010")
+    expect(0, "a preview")
+    plan = planned(host.plan(preview.plan_id), "HST-010")
+    expect(0, "a plan")
+    host.abort_plan(plan.plan_id)
+    host.prefill_busy(HostRoute(), 0.5)
+    expect(0, "an aborted plan and a busy probe")
+    host.route(HostRoute())
+    expect(1, "a completed request")
+    target.script_worker(worker, FailBeforeStream(ErrorSpec("Disconnected")))
+    host.route(HostRoute())
+    expect(2, "a request whose dispatch failed")
+    plan = planned(host.plan(planned(host.preview(HostRoute()), "HST-010").plan_id), "HST-010")
+    host.dispatch_plan(plan.plan_id, stop_first=True)
+    expect(3, "a dispatched plan cancelled before it was sent")
+
+
+@covers("HST-011")
+@requires(HOST, Capability.SCRIPT_FAILURES, Capability.SCRIPT_STALL)
+def test_the_completed_counter_counts_finished_streams(open_target: OpenTarget) -> None:
+    with open_target(STEADY) as target:
+        completed_counter_scenario(target)
+
+
+def completed_counter_scenario(target: Target) -> None:
+    (worker,) = workers(target, 1)
+    host = host_of(target, "HST-011", HostConfig(policy="round-robin"))
+    scripts: list[WorkerScript] = [
+        FailBeforeStream(ErrorSpec("Disconnected")),
+        FailMidStream(1, ErrorSpec("Backend(EngineShutdown)")),
+        TerminalThen(items=1),
+    ]
+    for script in scripts:
+        target.script_worker(worker, script)
+        host.route(HostRoute(max_tokens=2))
+    target.script_worker(worker, Stall(items=1))
+    target.drop(host.route(HostRoute(max_tokens=2)))
+    require(
+        "HST-011",
+        host.counters() == (4, 0),
+        f"four admitted requests that failed, drained or were dropped: expected counters "
+        f"(4, 0), got {host.counters()}",
+    )
+    target.script_worker(worker, Serve())
+    host.route(HostRoute(max_tokens=2))
+    require("HST-011", host.counters() == (5, 1), f"one finished: {host.counters()}")
+
+
+# --- HST-012 to HST-015: cancellation and the cleanup budget ---
+
+PATHS = {
+    "round-robin": (HostConfig(policy="round-robin"), False),
+    "least-loaded": (HostConfig(policy="least-loaded"), False),
+    "explicit-target": (HostConfig(policy="round-robin"), True),
+    "direct": (HostConfig(policy="direct"), True),
+    "kv": (HostConfig(policy="kv"), False),
+}
+
+
+def stopped_route(pin: int | None, *, phase: str, staged_kv: bool) -> HostRoute:
+    return HostRoute(phase=phase, backend_instance_id=pin, staged_kv=staged_kv, stopped=True)
+
+
+@covers("HST-012")
+@requires(HOST)
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize(
+    ("phase", "staged_kv"), [("prefill", False), ("aggregated", False), ("decode", False)]
+)
+def test_a_stopped_request_reaches_no_worker(
+    target: Target, path: str, phase: str, staged_kv: bool
+) -> None:
+    (worker,) = workers(target, 1)
+    config, pinned = PATHS[path]
+    host = host_of(target, "HST-012", config)
+    route = stopped_route(worker if pinned else None, phase=phase, staged_kv=staged_kv)
+    request = host.route(route)
+    outcome, attempts = ended(target, request, "HST-012")
+    require(
+        "HST-012",
+        failed_with(outcome, "Cancelled", f"Request {request} was cancelled")
+        and not attempts
+        and host.bookings() == {},
+        f"{path}: a stopped {phase} request without staged KV must fail Cancelled before any "
+        f"worker; got {outcome}, reached {attempts}, bookings {host.bookings()}",
+    )
+
+
+@covers("HST-012")
+@requires(HOST)
+def test_a_plan_stopped_before_dispatch_reaches_no_worker(target: Target) -> None:
+    workers(target, 1)
+    host = host_of(target, "HST-012", HostConfig(policy="kv"))
+    plan = planned(host.plan(planned(host.preview(HostRoute()), "HST-012").plan_id), "HST-012")
+    request = host.dispatch_plan(plan.plan_id, stop_first=True)
+    outcome, attempts = ended(target, request, "HST-012")
+    require(
+        "HST-012",
+        failed_with(outcome, "Cancelled") and not attempts and host.bookings() == {},
+        f"an admitted plan stopped before dispatch: got {outcome}, reached {attempts}, "
+        f"bookings {host.bookings()}",
+    )
+
+
+@covers("HST-013")
+@requires(HOST)
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_stopped_decode_with_staged_kv_still_reaches_its_worker(
+    target: Target, path: str
+) -> None:
+    (worker,) = workers(target, 1)
+    config, pinned = PATHS[path]
+    host = host_of(target, "HST-013", config)
+    route = stopped_route(worker if pinned else None, phase="decode", staged_kv=True)
+    outcome, attempts = ended(target, host.route(route), "HST-013")
+    require(
+        "HST-013",
+        attempts == [worker] and outcome.error is None and host.bookings() == {},
+        f"{path}: the staged-KV decode leg must reach worker {worker} exactly once so it can "
+        f"release its KV; reached {attempts}, got {outcome}, bookings {host.bookings()}",
+    )
+
+
+@covers("HST-013", "HST-014")
+@requires(HOST, Capability.MOCK_CLOCK)
+def test_a_stopped_decode_survives_a_contended_affinity_wait(target: Target) -> None:
+    (worker,) = workers(target, 1)
+    host = host_of(target, "HST-013", HostConfig(policy="kv", affinity_ttl=10))
+    host.hold_session("s")
+    request = host.route(HostRoute(phase="decode", staged_kv=True, stopped=True, session="s"))
+    target.advance_time(100.0)
+    waiting = target.outcome(request) is None and not reached(target, request)
+    require("HST-013", waiting, "the decode leg should wait for the session's initialization")
+    host.release_session("s")
+    outcome, attempts = ended(target, request, "HST-013")
+    require(
+        "HST-013",
+        attempts == [worker] and outcome.error is None,
+        f"after the wait the leg must still reach worker {worker}; reached {attempts}, got "
+        f"{outcome}",
+    )
+    exercised_budget = outcome.error is None
+    require("HST-014", exercised_budget, "100 s of the 120 s budget spent waiting still left time")
+
+
+@covers("HST-015", "HST-014")
+@requires(HOST, Capability.MOCK_CLOCK)
+def test_an_exhausted_budget_cancels_the_request_naming_the_stage(target: Target) -> None:
+    workers(target, 1)
+    host = host_of(target, "HST-015", HostConfig(policy="round-robin", affinity_ttl=10))
+    host.hold_session("s")
+    request = host.route(HostRoute(phase="decode", staged_kv=True, stopped=True, session="s"))
+    target.advance_time(119.0)
+    require("HST-014", target.outcome(request) is None, "the budget is 120 s, not less")
+    target.advance_time(2.0)
+    outcome, attempts = ended(target, request, "HST-015")
+    message = f"Request {request} exhausted its decode cleanup budget at affinity"
+    require(
+        "HST-015",
+        failed_with(outcome, "Cancelled", message) and not attempts,
+        f"expected Cancelled {message!r} and no worker; got {outcome}, reached {attempts}",
+    )
+    host.release_session("s")
+
+
+# --- HST-016 to HST-019: LoRA filtering ---
+
+
+def lora_host(target: Target, requirement: str, replicas: int) -> tuple[RoutingHostTarget, int]:
+    """A round-robin LoRA host over three workers whose adapter ``ad`` lives on ``replicas``."""
+    pool = workers(target, 3)
+    host = host_of(target, requirement, HostConfig(policy="round-robin", lora=True))
+    host.set_lora_replicas("ad", frozenset({pool[replicas]}))
+    return host, pool[replicas]
+
+
+@covers("HST-016")
+@requires(HOST)
+@pytest.mark.parametrize("hint", [None, 0, UNKNOWN], ids=["no-hint", "outside-hint", "unknown"])
+def test_a_lora_request_goes_to_its_replica_set(target: Target, hint: int | None) -> None:
+    host, replica = lora_host(target, "HST-016", replicas=1)
+    pinned = None if hint is None else (hint if hint == UNKNOWN else replica - 1)
+    for _ in range(3):
+        outcome, attempts = ended(
+            target, host.route(HostRoute(lora="ad", backend_instance_id=pinned)), "HST-016"
+        )
+        require(
+            "HST-016",
+            outcome.error is None and attempts == [replica],
+            f"adapter ad lives only on worker {replica}; with hint {pinned} the request "
+            f"reached {attempts} ({outcome.error and outcome.error.describe()})",
+        )
+
+
+@covers("HST-017")
+@requires(HOST, Capability.SCRIPT_STALL, Capability.SCRIPT_FAILURES)
+def test_lora_inflight_lasts_from_admission_to_the_end(open_target: OpenTarget) -> None:
+    with open_target(STEADY) as target:
+        lora_inflight_scenario(target)
+
+
+def lora_inflight_scenario(target: Target) -> None:
+    host, replica = lora_host(target, "HST-017", replicas=0)
+    target.script_worker(replica, Stall(items=1))
+    open_request = host.route(HostRoute(lora="ad", max_tokens=2))
+    require("HST-017", host.lora_inflight() == {"ad": 1}, f"open: {host.lora_inflight()}")
+    target.release_stalled(replica)
+    require("HST-017", host.lora_inflight() == {}, f"completed: {host.lora_inflight()}")
+    require("HST-017", target.outcome(open_request) is not None, "the request should have ended")
+    target.script_worker(replica, FailMidStream(1, ErrorSpec("Disconnected")))
+    host.route(HostRoute(lora="ad", max_tokens=2))
+    require("HST-017", host.lora_inflight() == {}, f"failed: {host.lora_inflight()}")
+    target.script_worker(replica, Stall(items=1))
+    target.drop(host.route(HostRoute(lora="ad", max_tokens=2)))
+    require("HST-017", host.lora_inflight() == {}, f"dropped: {host.lora_inflight()}")
+
+
+@covers("HST-018")
+@requires(HOST, Capability.MARK_OVERLOADED, Capability.REPORT_DOWN)
+def test_lora_filtering_failures_are_typed(target: Target) -> None:
+    host, replica = lora_host(target, "HST-018", replicas=2)
+    cases = [
+        (
+            "an adapter with no replicas",
+            "none",
+            "Unavailable",
+            "No workers available after LoRA filtering",
+        ),
+    ]
+    outcome, attempts = ended(target, host.route(HostRoute(lora="none")), "HST-018")
+    target.mark_overloaded(replica, True)
+    overloaded, _ = ended(target, host.route(HostRoute(lora="ad")), "HST-018")
+    target.mark_overloaded(replica, False)
+    target.report_down(replica)
+    inhibited, _ = ended(target, host.route(HostRoute(lora="ad")), "HST-018")
+    for what, observed, label, message in [
+        (cases[0][0], outcome, cases[0][2], cases[0][3]),
+        ("its only replica overloaded", overloaded, "ResourceExhausted",
+         "All eligible LoRA workers are overloaded"),
+        ("its only replica inhibited", inhibited, "Unavailable",
+         "No workers available after LoRA filtering"),
+    ]:  # fmt: skip
+        require(
+            "HST-018",
+            failed_with(observed, label, message),
+            f"{what}: expected {label} {message!r}, got {observed}",
+        )
+    require("HST-018", not attempts, f"no worker should be reached, reached {attempts}")
+
+
+@covers("HST-019")
+@requires(HOST)
+@pytest.mark.parametrize(
+    "config",
+    [
+        HostConfig(policy="round-robin", lora=True, affinity_ttl=10),
+        HostConfig(policy="least-loaded", lora=True),
+        HostConfig(policy="kv", lora=True),
+        HostConfig(policy="direct", lora=True),
+    ],
+    ids=["with-affinity", "least-loaded", "kv", "direct"],
+)
+def test_lora_filtering_conflicts_are_refused_at_construction(
+    target: Target, config: HostConfig
+) -> None:
+    built = target.open_host(config)
+    require(
+        "HST-019",
+        isinstance(built, ObservedError) and built.type == "InvalidArgument",
+        f"{config} combines LoRA filtering with what it cannot work with; expected "
+        f"InvalidArgument at construction, got {built}",
+    )
+
+
+@covers("HST-019")
+@requires(HOST)
+@pytest.mark.parametrize("policy", ["round-robin", "random"])
+def test_lora_filtering_works_with_round_robin_and_random(target: Target, policy: str) -> None:
+    built = target.open_host(HostConfig(policy=policy, lora=True))
+    require("HST-019", not isinstance(built, ObservedError), f"{policy} + LoRA refused: {built}")
+
+
+# --- HST-020: migration over the host ---
+
+
+@covers("HST-020")
+@requires(HOST, Capability.SCRIPT_FAILURES, Capability.MIGRATION)
+@pytest.mark.parametrize("failure", ["overloaded-item", "cancel-then-shutdown"])
+def test_a_host_dispatch_migrates_cleanly(target: Target, failure: str) -> None:
+    script: WorkerScript = FailMidStream(1, ErrorSpec("WorkerOverloaded"))
+    if failure == "cancel-then-shutdown":
+        script = CancelThenFail(1, ErrorSpec("Backend(EngineShutdown)"))
+    failing = workers(target, 1, script)[0]
+    spare = workers(target, 1)[0]
+    host = host_of(target, "HST-020", HostConfig(policy="least-loaded"))
+    request = host.route(HostRoute(tokens=(0, 0), max_tokens=4, migration_limit=1))
+    outcome, attempts = ended(target, request, "HST-020")
+    cancelled_frames = [
+        item
+        for item in outcome.items
+        if isinstance(item, dict) and item.get("finish_reason") == "cancelled"
+    ]
+    require(
+        "HST-020",
+        attempts == [failing, spare]
+        and outcome.error is None
+        and tokens(outcome) == [2, 3, 4, 5]
+        and not cancelled_frames
+        and host.bookings() == {},
+        f"worker {failing} failed ({failure}); expected one clean stream [2, 3, 4, 5] from "
+        f"{failing} then {spare} and no bookings; reached {attempts}, got {outcome}, "
+        f"bookings {host.bookings()}",
+    )

@@ -1,0 +1,825 @@
+"""Session affinity of the routing host (AFF): bind once, wait, expire, pin or prefer.
+
+Every check builds a host with session affinity (``HostConfig.affinity_ttl``) over a few
+scripted workers and reads a session's binding through ``host.session``: ``unbound``,
+``initializing``, ``bound`` (with its worker and dp rank) or, without affinity, ``disabled``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conformance.checks import covers, require, requires
+from conformance.host import ended, host_of, planned, workers
+from conformance.scenario import MODE_CAPABILITY, finished, reached, shows
+from routespec.target import (
+    Capability,
+    ErrorSpec,
+    FailBeforeStream,
+    FailMidStream,
+    HostConfig,
+    HostRoute,
+    ObservedError,
+    Outcome,
+    RoutingHostTarget,
+    Serve,
+    SessionView,
+    Stall,
+    Target,
+    WorkerScript,
+)
+
+TTL = 10.0
+MAX_TTL = 31_536_000
+MAX_SESSION_BYTES = 256
+
+
+def hard(policy: str = "round-robin", max_entries: int = 65_536) -> HostConfig:
+    return HostConfig(
+        policy=policy, affinity_ttl=TTL, affinity_mode="hard", max_affinity_entries=max_entries
+    )
+
+
+def soft(policy: str = "round-robin") -> HostConfig:
+    return HostConfig(policy=policy, affinity_ttl=TTL, affinity_mode="soft")
+
+
+def text(error: ObservedError | None) -> str:
+    return "" if error is None else " | ".join(message for _, message in error.links)
+
+
+def served(target: Target, request: str, requirement: str, detail: str) -> list[int]:
+    """The request completed without an error; the workers it reached."""
+    outcome, deliveries = ended(target, request, requirement)
+    require(
+        requirement,
+        outcome.error is None and len(deliveries) == 1,
+        f"{detail}: expected one delivery and a clean stream; reached {deliveries}, got {outcome}",
+    )
+    return deliveries
+
+
+def refused(target: Target, request: str, requirement: str, detail: str) -> Outcome:
+    """The request failed before reaching any worker."""
+    outcome, deliveries = ended(target, request, requirement)
+    require(
+        requirement,
+        outcome.error is not None and not deliveries,
+        f"{detail}: expected an error and no delivery; reached {deliveries}, got {outcome}",
+    )
+    return outcome
+
+
+def bound_to(
+    host: RoutingHostTarget, session: str, worker: int, requirement: str, detail: str
+) -> SessionView:
+    view = host.session(session)
+    require(
+        requirement,
+        view.state == "bound" and view.worker_id == worker,
+        f"{detail}: session {session!r} should be bound to worker {worker}, but is {view}",
+    )
+    return view
+
+
+def unbound(host: RoutingHostTarget, session: str, requirement: str, detail: str) -> None:
+    view = host.session(session)
+    require(
+        requirement,
+        view == SessionView("unbound"),
+        f"{detail}: session {session!r} should be unbound, but is {view}",
+    )
+
+
+def other_than(pool: list[int], worker: int) -> int:
+    return next(w for w in pool if w != worker)
+
+
+# --- AFF-001 ---
+
+
+@covers("AFF-001")
+@requires(Capability.ROUTING_HOST)
+def test_the_first_request_initializes_and_later_requests_read_the_target(
+    target: Target,
+) -> None:
+    pool = workers(target, 3, Serve())
+    host = host_of(target, "AFF-001", hard())
+    unbound(host, "first", "AFF-001", "before any request")
+    worker = served(target, host.route(HostRoute(session="first")), "AFF-001", "first request")[0]
+    bound_to(host, "first", worker, "AFF-001", "the first request committed its worker")
+    for n in range(3):  # round-robin alone would rotate to the other workers
+        again = served(target, host.route(HostRoute(session="first")), "AFF-001", f"request {n}")
+        require(
+            "AFF-001",
+            again == [worker],
+            f"request {n + 2} of a session bound to {worker} went to {again}",
+        )
+    chosen = pool[2]
+    host.bind_session("preset", chosen)
+    bound_to(host, "preset", chosen, "AFF-001", "bind_session commits its target")
+    for n in range(3):
+        went = served(target, host.route(HostRoute(session="preset")), "AFF-001", "preset")
+        require(
+            "AFF-001",
+            went == [chosen],
+            f"request {n + 1} of a session initialized to worker {chosen} went to {went}",
+        )
+
+
+# --- AFF-002 ---
+
+
+@covers("AFF-002")
+@requires(Capability.ROUTING_HOST)
+def test_a_contended_session_waits_for_the_initialization(target: Target) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-002", hard())
+    host.hold_session("s")
+    require(
+        "AFF-002",
+        host.session("s").state == "initializing",
+        f"hold_session should leave the session initializing: {host.session('s')}",
+    )
+    waiting = host.route(HostRoute(session="s"))
+    require(
+        "AFF-002",
+        target.outcome(waiting) is None and not reached(target, waiting),
+        f"a request for a session another request initializes must wait; it reached "
+        f"{reached(target, waiting)} with outcome {target.outcome(waiting)}",
+    )
+    host.release_session("s")
+    worker = served(target, waiting, "AFF-002", "after the initialization was dropped")[0]
+    bound_to(host, "s", worker, "AFF-002", "the waiting request initialized the session")
+
+
+@covers("AFF-002")
+@requires(Capability.ROUTING_HOST)
+def test_a_dropped_initialization_leaves_the_session_unbound(target: Target) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-002", hard())
+    host.hold_session("s")
+    host.release_session("s")
+    unbound(host, "s", "AFF-002", "the only initialization was dropped")
+    stopped = host.route(HostRoute(session="s", stopped=True))
+    refused(target, stopped, "AFF-002", "a stopped first request")
+    unbound(host, "s", "AFF-002", "the first request was cancelled before it bound anything")
+    later = host.route(HostRoute(session="s"))
+    require(
+        "AFF-002",
+        target.outcome(later) is not None,
+        "a request after dropped initializations must not wait for them: it is still open",
+    )
+    worker = served(target, later, "AFF-002", "after dropped initializations")[0]
+    bound_to(host, "s", worker, "AFF-002", "the next request initialized the session")
+
+
+@covers("AFF-002", "AFF-001", "AFF-012")
+@requires(Capability.ROUTING_HOST)
+def test_waiting_requests_take_the_committed_target(target: Target) -> None:
+    pool = workers(target, 2, Stall())  # the planned request stays open, and booked
+    host = host_of(target, "AFF-002", hard("kv"))
+    preview = planned(host.preview(HostRoute(session="s")), "AFF-002")
+    unbound(host, "s", "AFF-012", "after a preview")  # else the plan would wait for it
+    plan = planned(host.plan(preview.plan_id), "AFF-002")
+    require(
+        "AFF-002",
+        host.session("s").state == "initializing",
+        f"an open plan holds the session's initialization: {host.session('s')}",
+    )
+    waiting = host.route(HostRoute(session="s"))
+    require(
+        "AFF-002",
+        target.outcome(waiting) is None and not reached(target, waiting),
+        f"a request must wait while a plan initializes its session; it reached "
+        f"{reached(target, waiting)} with outcome {target.outcome(waiting)}",
+    )
+    first = host.dispatch_plan(plan.plan_id)
+    require(
+        "AFF-001",
+        reached(target, first) == [plan.worker_id],
+        f"the plan chose worker {plan.worker_id} but reached {reached(target, first)}",
+    )
+    bound_to(host, "s", plan.worker_id, "AFF-001", "the plan's dispatch committed its worker")
+    require(
+        "AFF-002",
+        reached(target, waiting) == [plan.worker_id],
+        f"the waiting request should take the target the plan committed ({plan.worker_id}), "
+        f"not select again (the other worker is the less loaded one); it reached "
+        f"{reached(target, waiting)}",
+    )
+    for worker in pool:
+        target.release_stalled(worker)
+    served(target, first, "AFF-001", "the planned request, released")
+    served(target, waiting, "AFF-002", "the waiting request, released")
+
+
+# --- AFF-003 ---
+
+
+@covers("AFF-003")
+@requires(Capability.ROUTING_HOST, Capability.MOCK_CLOCK)
+def test_a_binding_expires_a_ttl_after_its_last_use(target: Target) -> None:
+    pool = workers(target, 3, Serve())
+    host = host_of(target, "AFF-003", hard())
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-003", "first request")[0]
+    target.advance_time(TTL - 1)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-003", "a use within the TTL")
+    require("AFF-003", went == [worker], f"{TTL - 1} s after binding {worker} it went to {went}")
+    target.advance_time(TTL - 1)
+    bound_to(
+        host,
+        "s",
+        worker,
+        "AFF-003",
+        f"{2 * TTL - 2} s after binding but {TTL - 1} s after its last use (TTL {TTL} s)",
+    )
+    target.advance_time(1.5)
+    unbound(host, "s", "AFF-003", f"{TTL + 0.5} s after its last use (TTL {TTL} s)")
+    fresh = other_than(pool, worker)
+    host.bind_session("s", fresh)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-003", "after expiry")
+    require(
+        "AFF-003",
+        went == [fresh],
+        f"the expired session was initialized again to {fresh}, but went to {went}",
+    )
+
+
+@covers("AFF-003")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("ttl", [0, -1, MAX_TTL + 1, MAX_TTL + 0.5])
+def test_a_ttl_out_of_range_is_refused_at_construction(target: Target, ttl: float) -> None:
+    workers(target, 1, Serve())
+    built = target.open_host(HostConfig(affinity_ttl=ttl))
+    require(
+        "AFF-003",
+        isinstance(built, ObservedError) and shows(built, ["InvalidArgument"]),
+        f"a host with affinity TTL {ttl} s should be refused with InvalidArgument, got {built}",
+    )
+
+
+@covers("AFF-003")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("ttl", [0.001, 1, MAX_TTL])
+def test_a_ttl_in_range_is_accepted(target: Target, ttl: float) -> None:
+    workers(target, 1, Serve())
+    built = target.open_host(HostConfig(affinity_ttl=ttl))
+    require(
+        "AFF-003",
+        not isinstance(built, ObservedError),
+        f"a host with affinity TTL {ttl} s should be built, but was refused: {built}",
+    )
+
+
+# --- AFF-004 ---
+
+
+@covers("AFF-004")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize(
+    ("session", "size"),
+    [("a" * 257, 257), ("é" * 129, 258), ("a" * 255 + "é", 257)],
+    ids=["ascii-257", "two-byte-258", "mixed-257"],
+)
+def test_an_oversized_session_id_is_an_invalid_argument(
+    target: Target, session: str, size: int
+) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-004", hard())
+    outcome = refused(target, host.route(HostRoute(session=session)), "AFF-004", f"{size} bytes")
+    require(
+        "AFF-004",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and shows(outcome.error, ["InvalidArgument"])
+        and re.search(rf"\b{size}\b", text(outcome.error)) is not None,
+        f"a {size}-byte session id ({len(session)} characters) should fail with "
+        f"InvalidArgument naming {size}, got {outcome.error}",
+    )
+
+
+@covers("AFF-004")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("session", ["a" * 256, "é" * 128], ids=["ascii-256", "two-byte-256"])
+def test_a_session_id_of_256_bytes_is_accepted(target: Target, session: str) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-004", hard())
+    worker = served(target, host.route(HostRoute(session=session)), "AFF-004", "256 bytes")[0]
+    bound_to(host, session, worker, "AFF-004", "a 256-byte session id")
+
+
+@covers("AFF-004")
+@requires(Capability.ROUTING_HOST, Capability.MOCK_CLOCK)
+def test_new_sessions_beyond_the_cap_are_refused_until_bindings_expire(target: Target) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-004", hard(max_entries=3))
+
+    def route(session: str) -> str:
+        return host.route(HostRoute(session=session))
+
+    def full(session: str, when: str) -> None:
+        outcome = refused(target, route(session), "AFF-004", f"new session {session} {when}")
+        require(
+            "AFF-004",
+            shows(outcome.error, ["ResourceExhausted"]),
+            f"new session {session} {when} should fail with ResourceExhausted, got {outcome}",
+        )
+        unbound(host, session, "AFF-004", f"the refused session {session}")
+
+    served(target, route("a"), "AFF-004", "session a at 0 s")
+    target.advance_time(TTL / 2)
+    served(target, route("b"), "AFF-004", "session b")
+    served(target, route("c"), "AFF-004", "session c")
+    full("d", "while a, b and c (the cap of 3) are bound")
+    served(target, route("c"), "AFF-004", "a bound session while the cap is reached")
+    target.advance_time(TTL / 2 + 1)  # a has expired, b and c have not
+    served(target, route("d"), "AFF-004", "session d once a has expired")
+    full("e", "while b, c and d are bound")
+    target.advance_time(TTL / 2)  # b and c have expired
+    served(target, route("e"), "AFF-004", "session e once b and c have expired")
+
+
+# --- AFF-005 ---
+
+POLICIES = [
+    *(
+        pytest.param(mode, marks=pytest.mark.requires(cap), id=mode)
+        for mode, cap in MODE_CAPABILITY.items()
+    ),
+    pytest.param("direct", id="direct"),
+    pytest.param("kv", id="kv"),
+]
+
+
+@covers("AFF-005")
+@requires(Capability.ROUTING_HOST, Capability.SCRIPT_STALL)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_binds_the_first_dispatch(target: Target, policy: str) -> None:
+    pool = workers(target, 3, Stall())
+    host = host_of(target, "AFF-005", hard(policy))
+    if policy == "direct":
+        explicit: int | None = pool[1]
+        busy = None
+    else:  # one worker busy while the session binds, idle again afterwards
+        explicit = None
+        busy = host.route(HostRoute())
+    for worker in pool:
+        target.script_worker(worker, Serve())
+    first = host.route(HostRoute(session="s", backend_instance_id=explicit))
+    worker = served(target, first, "AFF-005", f"the session's first request under {policy}")[0]
+    bound_to(host, "s", worker, "AFF-005", f"after the first request under {policy}")
+    if busy is not None:
+        for stalled in reached(target, busy):
+            target.release_stalled(stalled)
+    for n in range(4):
+        went = served(target, host.route(HostRoute(session="s")), "AFF-005", f"request {n + 2}")
+        require(
+            "AFF-005",
+            went == [worker],
+            f"under {policy}, request {n + 2} of a session bound to {worker} went to {went}",
+        )
+
+
+@covers("AFF-005")
+@requires(Capability.ROUTING_HOST)
+def test_a_planned_route_follows_the_binding(target: Target) -> None:
+    pool = workers(target, 3)
+    host = host_of(target, "AFF-005", hard("kv"))
+    for bound in pool:
+        session = f"s{bound}"
+        host.bind_session(session, bound)
+        preview = planned(host.preview(HostRoute(session=session)), "AFF-005")
+        plan = planned(host.plan(preview.plan_id), "AFF-005")
+        went = reached(target, host.dispatch_plan(plan.plan_id))
+        require(
+            "AFF-005",
+            preview.worker_id == plan.worker_id == bound and went == [bound],
+            f"session {session} is bound to {bound}; its planned route previewed "
+            f"{preview.worker_id}, planned {plan.worker_id} and reached {went}",
+        )
+
+
+# --- AFF-006 ---
+
+
+@covers("AFF-006")
+@requires(Capability.ROUTING_HOST, Capability.REPORT_DOWN)
+def test_hard_affinity_dispatches_to_an_inhibited_target(target: Target) -> None:
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-006", hard())
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-006", "first request")[0]
+    target.report_down(worker)
+    others = [served(target, host.route(HostRoute()), "AFF-006", "unpinned") for _ in range(2)]
+    require(
+        "AFF-006",
+        all(went == [other_than(pool, worker)] for went in others),
+        f"precondition: worker {worker} reported down should be inhibited for unpinned "
+        f"requests, but they went to {others}",
+    )
+    went = served(target, host.route(HostRoute(session="s")), "AFF-006", "inhibited target")
+    require(
+        "AFF-006",
+        went == [worker],
+        f"a hard binding to the locally inhibited worker {worker} should still be "
+        f"dispatched there, but the request went to {went}",
+    )
+    bound_to(host, "s", worker, "AFF-006", "after dispatching to the inhibited target")
+
+
+@covers("AFF-006")
+@requires(Capability.ROUTING_HOST, Capability.MARK_OVERLOADED)
+def test_hard_affinity_selects_an_overloaded_target(target: Target) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-006", hard())
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-006", "first request")[0]
+    target.mark_overloaded(worker, True)
+    outcome, went = ended(target, host.route(HostRoute(session="s")), "AFF-006")
+    require(
+        "AFF-006",
+        not went
+        and outcome.error is not None
+        and shows(outcome.error, ["WorkerOverloaded"])
+        and re.search(rf"\b{worker}\b", text(outcome.error)) is not None,
+        f"a hard binding to the overloaded worker {worker} should be selected and fail the "
+        f"dispatch's own overload check (WorkerOverloaded naming {worker}), never go "
+        f"elsewhere; reached {went}, got {outcome}",
+    )
+    bound_to(host, "s", worker, "AFF-006", "after the overload check failed the dispatch")
+
+
+# --- AFF-007 ---
+
+
+def unavailable(target: Target, worker: int, how: str) -> None:
+    if how == "overloaded":
+        target.mark_overloaded(worker, True)
+    else:
+        target.report_down(worker)
+
+
+SOFT_CAUSES = [
+    pytest.param("overloaded", marks=pytest.mark.requires(Capability.MARK_OVERLOADED)),
+    pytest.param("inhibited", marks=pytest.mark.requires(Capability.REPORT_DOWN)),
+]
+
+
+@covers("AFF-007")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("how", SOFT_CAUSES)
+def test_soft_affinity_falls_back_and_the_binding_follows(target: Target, how: str) -> None:
+    workers(target, 3, Serve())
+    host = host_of(target, "AFF-007", soft())
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-007", "first request")[0]
+    for n in range(2):  # round-robin alone would rotate away from it
+        went = served(target, host.route(HostRoute(session="s")), "AFF-007", "while free")
+        require(
+            "AFF-007",
+            went == [worker],
+            f"request {n + 2} should prefer the free bound worker {worker}, went to {went}",
+        )
+    unavailable(target, worker, how)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-007", f"bound target {how}")
+    require(
+        "AFF-007",
+        len(went) == 1 and went[0] != worker,
+        f"with the bound worker {worker} {how}, a soft binding should fall back to another "
+        f"worker; the request went to {went}",
+    )
+    fallback = went[0]
+    bound_to(host, "s", fallback, "AFF-007", "the binding follows the dispatch")
+    for n in range(2):
+        again = served(target, host.route(HostRoute(session="s")), "AFF-007", "after following")
+        require(
+            "AFF-007",
+            again == [fallback],
+            f"request {n + 1} after the binding followed to {fallback} went to {again}",
+        )
+
+
+@covers("AFF-007")
+@requires(Capability.ROUTING_HOST, Capability.REPORT_DOWN)
+def test_direct_mode_dispatches_a_soft_binding_exactly(target: Target) -> None:
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", soft("direct"))
+    worker = pool[1]
+    host.bind_session("s", worker)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-007", "Direct, soft binding")
+    require("AFF-007", went == [worker], f"Direct mode should target {worker}, went to {went}")
+    target.report_down(worker)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-007", "Direct, inhibited")
+    require(
+        "AFF-007",
+        went == [worker],
+        f"in Direct mode a soft binding is the exact target even when {worker} is inhibited; "
+        f"the request went to {went}",
+    )
+    bound_to(host, "s", worker, "AFF-007", "a Direct dispatch to the soft binding")
+
+
+# --- AFF-008 ---
+
+MODES = ["hard", "soft"]
+
+
+@covers("AFF-008")
+@requires(Capability.ROUTING_HOST, Capability.SCRIPT_STALL)
+@pytest.mark.parametrize("mode", MODES)
+def test_cancelled_requests_keep_the_binding(target: Target, mode: str) -> None:
+    workers(target, 3, Serve())
+    host = host_of(target, "AFF-008", hard() if mode == "hard" else soft())
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-008", "first request")[0]
+    stopped = host.route(HostRoute(session="s", stopped=True))
+    refused(target, stopped, "AFF-008", "a request stopped before routing")
+    bound_to(host, "s", worker, "AFF-008", "after a request of the session was cancelled")
+    target.script_worker(worker, Stall())
+    open_request = host.route(HostRoute(session="s"))
+    require(
+        "AFF-008",
+        reached(target, open_request) == [worker] and target.outcome(open_request) is None,
+        f"precondition: the session's request should be open at {worker}; reached "
+        f"{reached(target, open_request)}, outcome {target.outcome(open_request)}",
+    )
+    target.drop(open_request)
+    bound_to(host, "s", worker, "AFF-008", "after the caller dropped a dispatched request")
+    target.script_worker(worker, Serve())
+    went = served(target, host.route(HostRoute(session="s")), "AFF-008", "after cancellations")
+    require("AFF-008", went == [worker], f"bound to {worker}, the next request went to {went}")
+
+
+FAILURES: list[WorkerScript] = [
+    FailBeforeStream(ErrorSpec("Disconnected")),
+    FailMidStream(1, ErrorSpec("Disconnected")),
+    FailMidStream(1, ErrorSpec("Backend(EngineShutdown)")),
+]
+
+
+@covers("AFF-008")
+@requires(Capability.ROUTING_HOST, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "failure", FAILURES, ids=["before-stream", "mid-stream", "mid-stream-shutdown"]
+)
+def test_failures_after_selection_keep_the_binding(
+    target: Target, mode: str, failure: WorkerScript
+) -> None:
+    workers(target, 3, Serve())
+    host = host_of(target, "AFF-008", hard() if mode == "hard" else soft())
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-008", "first request")[0]
+    target.script_worker(worker, failure)
+    outcome, went = ended(target, host.route(HostRoute(session="s", max_tokens=3)), "AFF-008")
+    require(
+        "AFF-008",
+        went == [worker] and outcome.error is not None,
+        f"precondition: the session's request should fail at {worker} with {failure}; "
+        f"reached {went}, got {outcome}",
+    )
+    bound_to(host, "s", worker, "AFF-008", f"after the bound worker failed ({failure})")
+    if mode == "hard":
+        target.script_worker(worker, Serve())
+        went = served(target, host.route(HostRoute(session="s")), "AFF-008", "after a failure")
+        require("AFF-008", went == [worker], f"bound to {worker}, the request went to {went}")
+
+
+# --- AFF-009 ---
+
+
+@covers("AFF-009")
+@requires(Capability.ROUTING_HOST, Capability.REMOVE_WORKER)
+def test_a_binding_to_a_removed_worker_is_rebound_within_the_request(target: Target) -> None:
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-009", hard())
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-009", "first request")[0]
+    target.remove_worker(worker)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-009", "stale binding")
+    survivor = other_than(pool, worker)
+    require(
+        "AFF-009",
+        went == [survivor],
+        f"the binding to the removed worker {worker} should be replaced within the request "
+        f"by {survivor}; the request went to {went}",
+    )
+    bound_to(host, "s", survivor, "AFF-009", "the request bound its new target")
+    again = served(target, host.route(HostRoute(session="s")), "AFF-009", "after rebinding")
+    require("AFF-009", again == [survivor], f"rebound to {survivor}, next went to {again}")
+
+
+@covers("AFF-009")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("policy", ["round-robin", "kv"])
+def test_a_binding_to_a_stale_dp_rank_is_rebound_within_the_request(
+    target: Target, policy: str
+) -> None:
+    (worker,) = workers(target, 1, Serve())
+    host = host_of(target, "AFF-009", hard(policy))
+    host.configure_worker(worker, dp_size=2)
+    host.bind_session("valid", worker, dp_rank=1)
+    served(target, host.route(HostRoute(session="valid")), "AFF-009", "a rank in range")
+    view = host.session("valid")
+    require(
+        "AFF-009",
+        view == SessionView("bound", worker, 1),
+        f"rank 1 of a worker with dp_size 2 is valid and must be kept; the session is {view}",
+    )
+    host.configure_worker(worker, dp_size=1)
+    host.bind_session("stale", worker, dp_rank=1)
+    went = served(target, host.route(HostRoute(session="stale")), "AFF-009", "rank 1 of 1")
+    view = host.session("stale")
+    require(
+        "AFF-009",
+        went == [worker]
+        and view.state == "bound"
+        and view.worker_id == worker
+        and view.dp_rank in (None, 0),
+        f"a binding to dp rank 1 of a worker with dp_size 1 should be replaced within the "
+        f"request by a valid target; reached {went}, the session is {view}",
+    )
+
+
+# --- AFF-010 ---
+
+
+@covers("AFF-010")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("conflict", ["allowed", "taints"])
+def test_a_binding_the_request_rules_out_fails_without_rebinding(
+    target: Target, conflict: str
+) -> None:
+    bound, other = workers(target, 2, Serve())
+    host = host_of(target, "AFF-010", hard())
+    host.configure_worker(other, taints=frozenset({"pool"}))
+    host.bind_session("s", bound)
+    route = HostRoute(session="s", allowed=frozenset({other}))
+    if conflict == "taints":
+        route = HostRoute(session="s", required_taints=frozenset({"pool"}))
+    refused(target, host.route(route), "AFF-010", f"a request whose {conflict} excludes {bound}")
+    bound_to(host, "s", bound, "AFF-010", f"after a request whose {conflict} ruled it out")
+    went = served(target, host.route(HostRoute(session="s")), "AFF-010", "unconstrained")
+    require("AFF-010", went == [bound], f"bound to {bound}, the next request went to {went}")
+
+
+@covers("AFF-010")
+@requires(Capability.ROUTING_HOST)
+def test_a_config_watch_gap_fails_without_rebinding(target: Target) -> None:
+    known, gap = workers(target, 2, Serve())
+    host = host_of(target, "AFF-010", hard("kv"))
+    host.bind_session("s", gap)
+    host.forget_worker_config(gap)
+    refused(target, host.route(HostRoute(session="s")), "AFF-010", "config not yet seen")
+    bound_to(host, "s", gap, "AFF-010", "after the selector did not know the bound worker")
+    host.configure_worker(gap)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-010", "config seen")
+    require("AFF-010", went == [gap], f"bound to {gap} (not {known}), the request went to {went}")
+
+
+# --- AFF-011 ---
+
+
+@covers("AFF-011")
+@requires(Capability.ROUTING_HOST)
+def test_an_exclusion_never_rebinds_a_hard_affinity(target: Target) -> None:
+    bound, other = workers(target, 2, Serve())
+    host = host_of(target, "AFF-011", hard())
+    host.bind_session("s", bound)
+    retry = HostRoute(session="s", allowed=frozenset({bound, other}), excluded=frozenset({bound}))
+    outcome = refused(target, host.route(retry), "AFF-011", f"a retry excluding {bound}")
+    require(
+        "AFF-011",
+        re.search(rf"\b{bound}\b", text(outcome.error)) is not None,
+        f"the retry should fail naming the excluded bound worker {bound}, got {outcome.error}",
+    )
+    bound_to(host, "s", bound, "AFF-011", "after a retry that excluded the bound worker")
+
+
+@covers("AFF-011")
+@requires(Capability.ROUTING_HOST, Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+def test_migration_never_moves_a_hard_affinity(target: Target) -> None:
+    bound, _ = workers(target, 2, Serve())
+    host = host_of(target, "AFF-011", hard())
+    host.bind_session("s", bound)
+    target.script_worker(bound, FailBeforeStream(ErrorSpec("Disconnected")))
+    outcome, went = ended(target, host.route(HostRoute(session="s", migration_limit=3)), "AFF-011")
+    require(
+        "AFF-011",
+        outcome.error is not None and went == [bound],
+        f"a migratable failure at the hard-bound worker {bound} must not send the retry "
+        f"elsewhere; reached {went}, got {outcome}",
+    )
+    bound_to(host, "s", bound, "AFF-011", "after migration gave up on the bound worker")
+
+
+@covers("AFF-011")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("constraint", ["allowed", "taints"])
+def test_an_exclusion_never_widens_the_eligible_set(target: Target, constraint: str) -> None:
+    eligible, _, _ = workers(target, 3, Serve())
+    host = host_of(target, "AFF-011", HostConfig())
+    host.configure_worker(eligible, taints=frozenset({"retry-pool"}))
+    if constraint == "allowed":
+        retry = HostRoute(allowed=frozenset({eligible, 999}), excluded=frozenset({eligible}))
+    else:
+        retry = HostRoute(required_taints=frozenset({"retry-pool"}), excluded=frozenset({eligible}))
+    outcome = refused(target, host.route(retry), "AFF-011", f"{constraint} exhausted")
+    require(
+        "AFF-011",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and shows(outcome.error, ["ResourceExhausted"]),
+        f"with the only {constraint}-eligible worker {eligible} excluded, the retry should "
+        f"fail with ResourceExhausted, got {outcome.error}",
+    )
+
+
+@covers("AFF-011")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("policy", ["round-robin", "least-loaded", "kv"])
+def test_an_exclusion_never_overrides_an_explicit_pin(target: Target, policy: str) -> None:
+    pinned, _ = workers(target, 2, Serve())
+    host = host_of(target, "AFF-011", HostConfig(policy=policy))
+    retry = HostRoute(backend_instance_id=pinned, excluded=frozenset({pinned}))
+    went = served(target, host.route(retry), "AFF-011", f"pinned to {pinned}, excluded")
+    require(
+        "AFF-011",
+        went == [pinned],
+        f"a request pinned to {pinned} must go there even when excluded; it went to {went}",
+    )
+
+
+# --- AFF-012 ---
+
+
+@covers("AFF-012")
+@requires(Capability.ROUTING_HOST)
+def test_a_preview_does_not_acquire_the_session(target: Target) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-012", hard("kv"))
+    planned(host.preview(HostRoute(session="s")), "AFF-012")
+    unbound(host, "s", "AFF-012", "after a preview")
+    request = host.route(HostRoute(session="s"))
+    require(
+        "AFF-012",
+        target.outcome(request) is not None,
+        "a request after a preview of its session must not wait: it is still open",
+    )
+    worker = served(target, request, "AFF-012", "after a preview")[0]
+    bound_to(host, "s", worker, "AFF-012", "the request, not the preview, binds the session")
+
+
+@covers("AFF-012")
+@requires(Capability.ROUTING_HOST)
+def test_an_aborted_plan_leaves_the_session_unbound(target: Target) -> None:
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-012", hard("kv"))
+    preview = planned(host.preview(HostRoute(session="s")), "AFF-012")
+    unbound(host, "s", "AFF-012", "after a preview")  # else the plan would wait for it
+    plan = planned(host.plan(preview.plan_id), "AFF-012")
+    require(
+        "AFF-012",
+        host.session("s").state == "initializing",
+        f"an open plan holds the session's initialization: {host.session('s')}",
+    )
+    host.abort_plan(plan.plan_id)
+    unbound(host, "s", "AFF-012", "after the plan was aborted")
+    request = host.route(HostRoute(session="s"))
+    require(
+        "AFF-012",
+        target.outcome(request) is not None,
+        "a request after an aborted plan of its session must not wait: it is still open",
+    )
+    outcome = finished(target, request, "AFF-012")
+    require("AFF-012", outcome.error is None, f"the request after the abort failed: {outcome}")
+
+
+# --- AFF-013 ---
+
+
+@covers("AFF-013")
+@requires(Capability.ROUTING_HOST)
+def test_without_affinity_session_ids_are_ignored(target: Target) -> None:
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-013", HostConfig(policy="round-robin"))
+    require(
+        "AFF-013",
+        host.session("s") == SessionView("disabled"),
+        f"a host without affinity should report the session disabled: {host.session('s')}",
+    )
+    went = [
+        served(target, host.route(HostRoute(session="s")), "AFF-013", "session id")[0]
+        for _ in range(4)
+    ]
+    require(
+        "AFF-013",
+        set(went) == set(pool),
+        f"without affinity, round-robin should spread one session's requests over {pool}; "
+        f"they went to {went}",
+    )
+    long_id = "x" * (MAX_SESSION_BYTES + 44)
+    served(target, host.route(HostRoute(session=long_id)), "AFF-013", "a 300-byte session id")
+    for session in ("s", long_id):
+        require(
+            "AFF-013",
+            host.session(session) == SessionView("disabled"),
+            f"nothing is bound without affinity: {host.session(session)}",
+        )

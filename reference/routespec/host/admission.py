@@ -1,0 +1,40 @@
+"""Request counters and the admission that ties a request's bookings to its end (HST-010,
+HST-011)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+
+@attrs.define
+class RequestCounters:
+    started: int = 0
+    completed: int = 0
+
+
+@attrs.define(eq=False)
+class HostAdmission:
+    """What one admitted request holds: bookings and estimates, released exactly once."""
+
+    counters: RequestCounters
+    releases: list[Callable[[], None]] = attrs.field(factory=list)
+    started: bool = False
+    dispatched: bool = False
+    _open: bool = True
+
+    def count_started(self) -> None:
+        """An admission stays counted even if it never reaches dispatch (HST-010)."""
+        if not self.started:
+            self.started = True
+            self.counters.started += 1
+
+    def release(self, *, completed: bool) -> None:
+        if not self._open:
+            return
+        self._open = False
+        for release in self.releases:
+            release()
+        if completed and self.dispatched:
+            self.counters.completed += 1  # HST-011

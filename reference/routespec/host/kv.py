@@ -1,0 +1,116 @@
+"""KV-aware selection: a prefix-block index per worker and the default cost (KVS)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from routespec.errors import ErrorKind, RoutingError
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks: a block's hash covers every token before it."""
+    hashes: list[int] = []
+    parent = 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash((parent, tuple(tokens[start : start + block_size])))
+        hashes.append(parent)
+    return hashes
+
+
+@attrs.define
+class PrefixIndex:
+    """Which blocks each worker holds, as routing decisions predict it (KVS-001)."""
+
+    _cached: dict[int, set[int]] = attrs.field(factory=dict)
+
+    def record(self, worker_id: int, hashes: Iterable[int]) -> None:
+        self._cached.setdefault(worker_id, set()).update(hashes)
+
+    def overlap(self, worker_id: int, hashes: Sequence[int]) -> int:
+        """The number of leading blocks the worker holds."""
+        held = self._cached.get(worker_id, set())
+        count = 0
+        for block in hashes:
+            if block not in held:
+                break
+            count += 1
+        return count
+
+
+@attrs.define(eq=False)
+class KvBooking:
+    """One admitted request's load on its worker; released exactly once."""
+
+    _scheduler: KvScheduler
+    worker_id: int
+    blocks: int
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._scheduler._unbook(self)
+
+
+@attrs.define
+class KvScheduler:
+    block_size: int = DEFAULT_BLOCK_SIZE
+    temperature: float = 0.0
+    rng: random.Random = attrs.field(factory=random.Random)
+    index: PrefixIndex = attrs.field(factory=PrefixIndex)
+    _requests: dict[int, int] = attrs.field(factory=dict)  # worker -> active requests
+    _blocks: dict[int, int] = attrs.field(factory=dict)  # worker -> active decode blocks
+
+    def __attrs_post_init__(self) -> None:
+        if self.block_size < 1 or self.temperature < 0:
+            raise RoutingError(
+                ErrorKind.INVALID_ARGUMENT,
+                f"block_size={self.block_size} must be >= 1 and temperature="
+                f"{self.temperature} >= 0 (KVS-002)",
+            )
+
+    def request_blocks(self, tokens: Sequence[int]) -> int:
+        return math.ceil(len(tokens) / self.block_size)
+
+    def costs(self, tokens: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
+        """Prefill blocks not cached on the worker plus decode blocks active on it (KVS-002)."""
+        hashes = block_hashes(tokens, self.block_size)
+        own = self.request_blocks(tokens)
+        return {
+            worker: own - self.index.overlap(worker, hashes) + self._blocks.get(worker, 0) + own
+            for worker in candidates
+        }
+
+    def select(self, tokens: Sequence[int], candidates: Sequence[int]) -> int:
+        costs = self.costs(tokens, candidates)
+        if self.temperature == 0:
+            lowest = min(costs.values())
+            return self.rng.choice([w for w in candidates if costs[w] == lowest])  # KVS-003
+        return self._sample(costs)
+
+    def _sample(self, costs: Mapping[int, int]) -> int:
+        """Softmax over costs normalised to [0, 1]; lower cost, higher weight (KVS-004)."""
+        low, high = min(costs.values()), max(costs.values())
+        span = (high - low) or 1
+        workers = list(costs)
+        weights = [math.exp(-((costs[w] - low) / span) / self.temperature) for w in workers]
+        return self.rng.choices(workers, weights)[0]
+
+    def book(self, worker_id: int, tokens: Sequence[int]) -> KvBooking:
+        blocks = self.request_blocks(tokens)
+        self._requests[worker_id] = self._requests.get(worker_id, 0) + 1
+        self._blocks[worker_id] = self._blocks.get(worker_id, 0) + blocks
+        return KvBooking(self, worker_id, blocks)
+
+    def active_requests(self) -> Mapping[int, int]:
+        return {w: n for w, n in self._requests.items() if n}
+
+    def _unbook(self, booking: KvBooking) -> None:
+        self._requests[booking.worker_id] -= 1
+        self._blocks[booking.worker_id] -= booking.blocks

@@ -1,0 +1,88 @@
+"""A request as the routing host sees it: phase, routing hints and the caller's context."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import attrs
+
+from routespec.streaming import Request
+
+
+class Phase(enum.Enum):
+    AGGREGATED = "aggregated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@attrs.frozen
+class RoutingHints:
+    """The request's routing extension (Dynamo's ``nvext`` routing fields)."""
+
+    backend_instance_id: int | None = None
+    decode_worker_id: int | None = None
+    prefill_worker_id: int | None = None
+    dp_rank: int | None = None
+    lora_name: str | None = None
+    allowed_worker_ids: frozenset[int] | None = None
+    required_taints: frozenset[str] = frozenset()
+
+    def explicit_worker(self, phase: Phase) -> tuple[str, int] | None:
+        """The field and id naming this phase's explicit worker, by precedence (HST-003)."""
+        own = ("prefill_worker_id", self.prefill_worker_id)
+        if phase is not Phase.PREFILL:
+            own = ("decode_worker_id", self.decode_worker_id)
+        for field, worker_id in (own, ("backend_instance_id", self.backend_instance_id)):
+            if worker_id is not None:
+                return field, worker_id
+        return None
+
+
+@attrs.define(eq=False)
+class RequestContext:
+    """The caller's side of a request; whatever waits on its behalf hears when it stops."""
+
+    stopped: bool = False
+    _listeners: list[Callable[[], None]] = attrs.field(factory=list)
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            for listener in list(self._listeners):
+                listener()
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` when the request stops (at once if it already has)."""
+        self._listeners.append(listener)
+        if self.stopped:
+            listener()
+
+    def unlisten(self, listener: Callable[[], None]) -> None:
+        self._listeners.remove(listener)
+
+
+@attrs.frozen
+class HostRequest:
+    """``staged_kv``: a decode leg whose remote prefill left KV blocks on its worker."""
+
+    request: Request
+    phase: Phase = Phase.AGGREGATED
+    hints: RoutingHints = RoutingHints()
+    session_id: str | None = None
+    staged_kv: bool = False
+    context: RequestContext = attrs.field(factory=RequestContext, eq=False)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def must_reach_worker(self) -> bool:
+        """A stopped request still goes out only to release staged KV (HST-013)."""
+        return self.phase is Phase.DECODE and self.staged_kv
+
+    def tokens(self) -> list[int]:
+        payload = self.request.payload
+        tokens = payload.get("token_ids") if isinstance(payload, dict) else None
+        return [t for t in tokens if isinstance(t, int)] if isinstance(tokens, list) else []
