@@ -13,6 +13,7 @@ from typing import Protocol
 from routespec.discovery import Discovery, Instance
 
 IdCallback = Callable[[int], None]
+FIELD = "--discovery"  # the command-line argument that names a store
 
 
 class DiscoveryError(Exception):

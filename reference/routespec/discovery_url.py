@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from routespec.discovery_store import DiscoveryError, DiscoveryStore
+from routespec.discovery_store import FIELD, DiscoveryError, DiscoveryStore
 from routespec.etcd_discovery import EtcdStore
 from routespec.file_discovery import DEFAULT_TTL, FileStore, default_root
 
-FIELD = "--discovery"
 EXAMPLES = "file:DIR or etcd:http://HOST:PORT"
 
 

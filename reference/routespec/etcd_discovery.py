@@ -21,7 +21,7 @@ import httpx
 import trio
 
 from routespec.discovery import Instance, MemoryDiscovery
-from routespec.discovery_store import DiscoveryError, IdCallback
+from routespec.discovery_store import FIELD, DiscoveryError, IdCallback
 from routespec.file_discovery import (
     DEFAULT_TTL,
     INSTANCES_BUCKET,
@@ -32,7 +32,6 @@ from routespec.file_discovery import (
     split_endpoint,
 )
 
-FIELD = "--discovery"
 REQUEST_TIMEOUT = 5.0
 RECONNECT_DELAY = 0.5  # seconds between attempts while etcd is unreachable
 

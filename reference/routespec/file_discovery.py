@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from routespec.discovery import Instance
-from routespec.discovery_store import DiscoveryError, IdCallback
+from routespec.discovery_store import FIELD, DiscoveryError, IdCallback
 
 ROOT_ENV = "DYN_FILE_KV"
 DEFAULT_DIR_NAME = "dynamo_store_kv"
@@ -294,7 +294,7 @@ class FileStore:
         """A missing directory is created by the first registration; a file in its place is
         an error."""
         if self.root.exists() and not self.root.is_dir():
-            raise DiscoveryError("--discovery", f"file store {self.root} is not a directory")
+            raise DiscoveryError(FIELD, f"file store {self.root} is not a directory")
 
     def registration(self, instance: Instance) -> AbstractAsyncContextManager[FileRegistration]:
         return FileRegistration.open(instance, self.root, interval=self.ttl / 3)

@@ -30,10 +30,10 @@ def run_conformance(args: argparse.Namespace) -> int:
     if not report.is_file():  # pytest stopped before the suite ran: show why
         output = (done.stdout or "") + (done.stderr or "")
         reason = next(
-            (line for line in reversed(output.splitlines()) if "rror" in line),
+            (line for line in reversed(output.splitlines()) if "error" in line.lower()),
             f"pytest exited {done.returncode}",
         )
-        raise UsageError("--adapter", reason.strip())
+        raise UsageError("--adapter", reason.strip().removeprefix("ERROR: "))
     print(summary(json.loads(report.read_text(encoding="utf-8")), report))
     return done.returncode
 
