@@ -13,8 +13,8 @@ import os
 import random
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from routespec.discovery import Instance
+from routespec.discovery_store import FIELD, DiscoveryError, IdCallback
 
 ROOT_ENV = "DYN_FILE_KV"
 DEFAULT_DIR_NAME = "dynamo_store_kv"
@@ -32,8 +33,6 @@ TEMP_FILE_PREFIX = ".tmp_"
 ENDPOINT_TYPE = "Endpoint"
 TCP_TRANSPORT = "tcp"
 LEGACY_CODEC = "json"  # a record without ``request_plane_codec`` predates msgpack payloads
-
-IdCallback = Callable[[int], None]
 
 
 class MalformedRecord(ValueError):
@@ -163,6 +162,10 @@ class FileRegistration:
         self.registered = False
         self.path.unlink(missing_ok=True)
 
+    async def withdraw(self) -> None:
+        """``deregister`` as the ``Registration`` protocol spells it."""
+        self.deregister()
+
     async def heartbeat(self, interval: float = DEFAULT_TTL / 3) -> NoReturn:
         """Keep the record alive; run it in a nursery, well below the readers' ``ttl``."""
         while True:
@@ -277,3 +280,37 @@ class FileDiscovery:
     def device_type(self, instance_id: int) -> str | None:
         instance = self._records.get(instance_id)
         return None if instance is None else instance.device_type
+
+
+@attrs.frozen
+class FileStore:
+    """The file store as a ``DiscoveryStore``: zero set-up, every process on one host."""
+
+    root: Path = attrs.field(factory=default_root, converter=_root)
+    ttl: float = DEFAULT_TTL
+    poll_interval: float = 0.2
+
+    async def check(self) -> None:
+        """A missing directory is created by the first registration; a file in its place is
+        an error."""
+        if self.root.exists() and not self.root.is_dir():
+            raise DiscoveryError(FIELD, f"file store {self.root} is not a directory")
+
+    def registration(self, instance: Instance) -> AbstractAsyncContextManager[FileRegistration]:
+        return FileRegistration.open(instance, self.root, interval=self.ttl / 3)
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        endpoint: str,
+        on_added: IdCallback | None = None,
+        on_removed: IdCallback | None = None,
+    ) -> AsyncIterator[FileDiscovery]:
+        discovery = FileDiscovery(self.root, endpoint, self.ttl)
+        discovery.refresh()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(discovery.watch, self.poll_interval, on_added, on_removed)
+            try:
+                yield discovery
+            finally:
+                nursery.cancel_scope.cancel()

@@ -3,7 +3,9 @@
 One ``WorkerServer`` listens on a request-plane port and serves handlers by endpoint path.
 For each accepted request it ACKs on the same connection, dials the caller's response-stream
 address, and writes handshake, prologue, data frames, ``complete_final`` and the sentinel.
-A ``stop`` or ``kill`` from the caller ends the stream without a final frame.
+A ``stop`` or ``kill`` from the caller ends the stream without a final frame. ``drain`` is a
+graceful shutdown: new requests are refused, open streams get a grace period to finish, and
+the rest end with ``Backend(EngineShutdown)`` so that their callers migrate them.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import attrs
 import trio
 
-from routespec.errors import ErrorKind, RoutingError
-from routespec.streaming import Request, RequestStream, WorkerHandler
+from routespec.errors import BackendKind, ErrorKind, RoutingError
+from routespec.streaming import Rejection, RejectionKind, Request, RequestStream, WorkerHandler
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
 from routespec.transport.connection import FramedConnection
 from routespec.transport.control import ControlMessage, StreamAddress, parse_control
@@ -31,6 +33,8 @@ SENTINEL_FRAME = TwoPart(header=SENTINEL).encode()
 PROLOGUE_OK = TwoPart(header=b'{"error":null}').encode()
 STOP, KILL = "stop", "kill"
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+SHUTTING_DOWN = "worker is shutting down"
+STREAM_CUT_AT_SHUTDOWN = "worker shut down before the stream finished"
 
 
 def data_frame(codec: PayloadCodec, annotated: dict[str, object]) -> bytes:
@@ -78,6 +82,9 @@ class WorkerServer:
         self._handlers: dict[str, WorkerHandler] = {}
         self._scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
+        self._draining = False
+        self._open_streams: set[trio.CancelScope] = set()
+        self._streams_changed = trio.Event()
 
     def serve(self, path: str, handler: WorkerHandler) -> str:
         """Serve ``handler`` at ``path``; returns the transport address discovery records.
@@ -93,6 +100,21 @@ class WorkerServer:
     def kill(self) -> None:
         """Stop at once, as a crashed process would: every socket closes, nothing is flushed."""
         self._scope.cancel()
+
+    async def drain(self, grace_period: float) -> None:
+        """Refuse new requests, give open streams ``grace_period`` seconds to finish, then end
+        the rest with ``Backend(EngineShutdown)``, a migratable error."""
+        self._draining = True
+        with trio.move_on_after(grace_period):
+            await self._wait_for_streams()
+        for scope in self._open_streams:
+            scope.cancel()
+        await self._wait_for_streams()
+
+    async def _wait_for_streams(self) -> None:
+        while self._open_streams:
+            self._streams_changed = trio.Event()
+            await self._streams_changed.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         with self._scope:
@@ -129,6 +151,8 @@ class WorkerServer:
                 failure = error
         request = Request(control.request_id, body, control.metadata)
         rejection = handler.admit(request)
+        if self._draining:  # WorkerUnavailable at the caller: it migrates the request
+            rejection = Rejection(RejectionKind.UNAVAILABLE, SHUTTING_DOWN)
         await connection.send(encode_ack("" if rejection is None else rejection.ack_text()))
         if rejection is None:
             assert self._nursery is not None
@@ -181,15 +205,26 @@ class WorkerServer:
         codec: PayloadCodec,
         items: AsyncGenerator[object, None],
     ) -> None:
-        """Data frames, an error item if the handler fails, then final frame and sentinel."""
-        async with FrameWriter.open(connection) as out:
-            try:
-                async for item in items:
-                    if not await self.send_item(out, codec, item):
-                        return  # the stream ends here, without a final frame
-            except RoutingError as error:
-                await out.write(data_frame(codec, error_annotated(error)))
-            await out.write(final_frame(codec) + SENTINEL_FRAME)
+        """Data frames, an error item if the handler fails or a drain cuts the stream, then
+        final frame and sentinel."""
+        drained = trio.CancelScope()  # cancelled by ``drain`` after its grace period
+        self._open_streams.add(drained)
+        try:
+            async with FrameWriter.open(connection) as out:
+                with drained:
+                    try:
+                        async for item in items:
+                            if not await self.send_item(out, codec, item):
+                                return  # the stream ends here, without a final frame
+                    except RoutingError as error:
+                        await out.write(data_frame(codec, error_annotated(error)))
+                if drained.cancelled_caught:
+                    cut = RoutingError(BackendKind.ENGINE_SHUTDOWN, STREAM_CUT_AT_SHUTDOWN)
+                    await out.write(data_frame(codec, error_annotated(cut)))
+                await out.write(final_frame(codec) + SENTINEL_FRAME)
+        finally:  # after the writer has flushed: a drain waits for the frames to leave
+            self._open_streams.discard(drained)
+            self._streams_changed.set()
 
     async def send_item(self, out: FrameWriter, codec: PayloadCodec, item: object) -> bool:
         """Write one item; False ends the stream at once."""

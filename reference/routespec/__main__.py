@@ -1,0 +1,5 @@
+"""``python -m routespec``: the ``routespec`` command."""
+
+from routespec.cli.main import main
+
+raise SystemExit(main())

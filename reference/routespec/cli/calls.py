@@ -1,0 +1,190 @@
+"""``routespec call`` (one request) and ``routespec router`` (JSON lines on stdin): requests
+through ``PushRouter`` + ``Migration`` over ``TcpDispatch``, fed by a watched discovery store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from routespec.cli.usage import UsageError
+from routespec.cli.worker import serving_metrics
+from routespec.discovery_url import open_store
+from routespec.errors import ErrorKind, RoutingError
+from routespec.metrics import RouterMetrics, error_kind
+from routespec.migration import Migration
+from routespec.push_router import PushRouter
+from routespec.selection import RouterMode
+from routespec.streaming import Request
+from routespec.transport.tcp_dispatch import TcpDispatch
+
+MODES = {
+    "round-robin": RouterMode.ROUND_ROBIN,
+    "random": RouterMode.RANDOM,
+    "p2c": RouterMode.POWER_OF_TWO_CHOICES,
+    "least-loaded": RouterMode.LEAST_LOADED,
+    "direct": RouterMode.DIRECT,
+}
+PROGRESS_AFTER = 1.0  # seconds: short streams never draw a progress line
+PROGRESS_EVERY = 0.1
+
+
+@attrs.define
+class Caller:
+    """Sends requests through one router and counts them in ``metrics``."""
+
+    migration: Migration
+    mode: RouterMode
+    pin: int | None
+    metrics: RouterMetrics
+
+    async def stream(
+        self, payload: object, on_item: Callable[[object, list[int]], None]
+    ) -> RoutingError | None:
+        """Stream one request; ``on_item`` gets each item and the workers tried so far.
+        Returns the typed error that ended it, or None when it completed."""
+        workers: list[int] = []
+
+        def prepare(request: Request, instance_id: int) -> Request:
+            self.metrics.dispatched(instance_id, migrated=bool(workers))
+            workers.append(instance_id)
+            return request
+
+        self.metrics.start()
+        error: RoutingError | None = None
+        try:
+            stream = await self.migration.generate(
+                Request(uuid.uuid4().hex, payload), self.mode, pin=self.pin, prepare=prepare
+            )
+            try:
+                async for item in stream:
+                    if item.error is not None:
+                        error = item.error
+                        break
+                    on_item(item.data, workers)
+            finally:
+                await stream.aclose()
+        except RoutingError as failure:
+            error = failure
+        finally:
+            self.metrics.finish(error)
+        return error
+
+
+def _mode(args: argparse.Namespace) -> tuple[RouterMode, int | None]:
+    mode = MODES[args.mode]
+    if mode is RouterMode.DIRECT and args.instance is None:
+        raise UsageError("--instance", "--mode direct needs the worker's instance id")
+    if mode is not RouterMode.DIRECT and args.instance is not None:
+        raise UsageError("--instance", "only with --mode direct")
+    # a pinned request goes to its worker alone, and is never migrated (MIG-011)
+    return (RouterMode.ROUND_ROBIN, args.instance) if args.instance is not None else (mode, None)
+
+
+@asynccontextmanager
+async def open_caller(args: argparse.Namespace, metrics: RouterMetrics) -> AsyncIterator[Caller]:
+    mode, pin = _mode(args)
+    store = open_store(args.discovery, args.ttl)
+    await store.check()
+    async with (
+        TcpDispatch.open(args.host) as dispatch,
+        store.watch(args.endpoint, dispatch.instance_added, dispatch.instance_removed) as found,
+    ):
+        router = PushRouter.create(args.endpoint, found, dispatch)
+        yield Caller(Migration(router, args.migration_limit), mode, pin, metrics)
+
+
+def parse_payload(text: str, field: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise UsageError(field, f"not JSON: {error}") from None
+
+
+@attrs.define
+class Progress:
+    """A live line on stderr for long streams, drawn only when stderr is a terminal."""
+
+    enabled: bool
+    started: float = attrs.field(factory=time.monotonic)
+    items: int = 0
+    drawn_at: float = 0.0
+
+    def item(self, workers: list[int]) -> None:
+        self.items += 1
+        now = time.monotonic()
+        if not self.enabled or now - self.started < PROGRESS_AFTER:
+            return
+        if now - self.drawn_at >= PROGRESS_EVERY:
+            self.drawn_at = now
+            line = (
+                f"{self.items} items, {now - self.started:.1f} s, worker {workers[-1]:x}, "
+                f"{len(workers) - 1} migrations"
+            )
+            sys.stderr.write(f"\r\033[K{line}")
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.drawn_at:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+async def call(args: argparse.Namespace) -> int:
+    """Print each item's data as a JSON line; exit 1 with the typed error if one ends it."""
+    payload = parse_payload(args.request, "request")
+    metrics = RouterMetrics()
+    progress = Progress(sys.stderr.isatty())
+
+    def on_item(data: object, workers: list[int]) -> None:
+        print(json.dumps(data), flush=True)
+        progress.item(workers)
+
+    async with open_caller(args, metrics) as caller:
+        error = await caller.stream(payload, on_item)
+    progress.clear()
+    if error is not None:
+        print(f"routespec: request failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def router(args: argparse.Namespace) -> int:
+    """Each stdin line is a request (JSON), sent at once; stdout gets JSON lines
+    ``{"request": n, "data": ...}``, then ``{"request": n, "done": true}`` or
+    ``{"request": n, "error": ..., "type": ...}``. Ends after stdin closes and all are done."""
+    metrics = RouterMetrics()
+    with serving_metrics(metrics, args.metrics_port, args.metrics_host) as metrics_url:
+        async with open_caller(args, metrics) as caller, trio.open_nursery() as nursery:
+            print(json.dumps({"ready": True, "metrics": metrics_url}), flush=True)
+            number = 0
+            while line := await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True):
+                if line.strip():
+                    nursery.start_soon(_route_one, caller, number, line)
+                    number += 1
+    return 0
+
+
+async def _route_one(caller: Caller, number: int, line: str) -> None:
+    def emit(**fields: object) -> None:
+        print(json.dumps({"request": number, **fields}), flush=True)
+
+    try:
+        payload: object = json.loads(line)
+    except ValueError as failure:
+        error: RoutingError | None = RoutingError(
+            ErrorKind.INVALID_ARGUMENT, f"request line is not JSON: {failure}"
+        )
+    else:
+        error = await caller.stream(payload, lambda data, _workers: emit(data=data))
+    if error is None:
+        emit(done=True)
+    else:
+        emit(error=str(error), type=error_kind(error))

@@ -1,0 +1,23 @@
+"""Choose a discovery store from its command-line spelling: ``file:DIR`` or ``etcd:URL``."""
+
+from __future__ import annotations
+
+from routespec.discovery_store import FIELD, DiscoveryError, DiscoveryStore
+from routespec.etcd_discovery import EtcdStore
+from routespec.file_discovery import DEFAULT_TTL, FileStore, default_root
+
+EXAMPLES = "file:DIR or etcd:http://HOST:PORT"
+
+
+def open_store(spec: str | None, ttl: float = DEFAULT_TTL) -> DiscoveryStore:
+    """The store ``spec`` names; None is the default file store ($DYN_FILE_KV, like Dynamo)."""
+    if ttl <= 0:
+        raise DiscoveryError("--ttl", f"must be positive, got {ttl}")
+    if spec is None:
+        return FileStore(default_root(), ttl)
+    scheme, _, location = spec.partition(":")
+    if scheme == "file" and location:
+        return FileStore(location, ttl)
+    if scheme == "etcd" and location:
+        return EtcdStore(location, ttl)
+    raise DiscoveryError(FIELD, f"expected {EXAMPLES}, got {spec!r}")
