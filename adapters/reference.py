@@ -12,6 +12,7 @@ from typing import Protocol
 import attrs
 import trio
 
+from adapters.reference_discovery import ReferenceDiscovery
 from adapters.reference_host import ReferenceHost, build_host
 from routespec.discovery import Instance, MemoryDiscovery
 from routespec.errors import RoutingError, bound_message, error_chain, parse_type_label, type_label
@@ -38,6 +39,7 @@ from routespec.target import (
     Delivery,
     Direct,
     DirectWithin,
+    DiscoveryTarget,
     ErrorSpec,
     Generate,
     HostConfig,
@@ -383,6 +385,11 @@ class ReferenceTarget:
             prepare=stamp_prepared_target,
             is_stopped=lambda: call.stopped,
         )
+
+    # discovery stores
+
+    def open_discovery(self) -> DiscoveryTarget:
+        return ReferenceDiscovery(self._portal, self._config.seed)
 
     # the routing host
 

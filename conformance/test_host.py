@@ -63,21 +63,34 @@ POLICY_INPUTS = {
     "random": frozenset(),
     "power-of-two-choices": frozenset({"occupancy"}),
     "least-loaded": frozenset({"occupancy"}),
+    "device-aware-weighted": frozenset({"occupancy"}),
+    "direct": frozenset(),
     "kv": frozenset({"cache", "load"}),
 }
 
 
 @covers("HST-001")
-@requires(HOST)
 @pytest.mark.parametrize("policy", sorted(POLICY_INPUTS))
+@requires(HOST, Capability.SCRIPT_STALL)
 def test_a_host_builds_only_the_inputs_its_policy_declares(target: Target, policy: str) -> None:
-    view = host_of(target, "HST-001", HostConfig(policy=policy)).inputs()
+    (worker,) = workers(target, 1, Stall())
+    host = host_of(target, "HST-001", HostConfig(policy=policy))
+    view = host.inputs()
     require(
         "HST-001",
         view.required_inputs == POLICY_INPUTS[policy]
         and view.constructed_inputs == view.required_inputs,
         f"{policy} should declare and build {sorted(POLICY_INPUTS[policy])}; it declares "
         f"{sorted(view.required_inputs)} and built {sorted(view.constructed_inputs)}",
+    )
+    host.route(HostRoute())
+    booked = host.bookings()
+    target.release_stalled(worker)
+    require(
+        "HST-001",
+        booked == ({worker: 1} if POLICY_INPUTS[policy] else {}),
+        f"with one request open, a {policy} host booked {booked}: only a policy with a load "
+        "input books admitted requests",
     )
 
 
@@ -264,6 +277,32 @@ def test_a_stale_binding_in_direct_mode_is_a_connection_failure(target: Target) 
         failed_with(outcome, "CannotConnect") and not attempts and session.state == "unbound",
         f"the session's worker {bound} left; expected CannotConnect, no worker reached and the "
         f"binding cleared; got {outcome}, reached {attempts}, session {session}",
+    )
+
+
+@covers("HST-021")
+@requires(HOST, Capability.MARK_OVERLOADED, Capability.REPORT_DOWN)
+def test_no_eligible_free_worker_fails_like_a_router_selection(target: Target) -> None:
+    pool = workers(target, 2)
+    host = host_of(target, "HST-021", HostConfig(policy="round-robin"))
+    for worker in pool:
+        target.mark_overloaded(worker, True)
+    busy, _ = ended(target, host.route(HostRoute()), "HST-021")
+    for worker in pool:
+        target.report_down(worker)
+    gone, _ = ended(target, host.route(HostRoute()), "HST-021")
+    require(
+        "HST-021",
+        failed_with(busy, "ResourceExhausted", "All workers are busy, please retry later"),
+        f"every worker overloaded: expected ResourceExhausted, got {busy}",
+    )
+    require(
+        "HST-021",
+        failed_with(gone, "Unavailable")
+        and gone.error is not None
+        and gone.error.links[0][1].startswith("No workers available for endpoint"),
+        f"no worker routable: expected Unavailable 'No workers available for endpoint …', "
+        f"got {gone}",
     )
 
 
@@ -455,6 +494,77 @@ def test_an_exhausted_budget_cancels_the_request_naming_the_stage(target: Target
     host.release_session("s")
 
 
+@covers("HST-012")
+@requires(HOST)
+def test_a_request_stopped_while_it_waits_is_cancelled(target: Target) -> None:
+    workers(target, 1)
+    host = host_of(target, "HST-012", HostConfig(policy="round-robin", affinity_ttl=10))
+    host.hold_session("s")
+    request = host.route(HostRoute(session="s"))
+    require("HST-012", target.outcome(request) is None, "the request should wait for the session")
+    host.stop(request)
+    outcome, attempts = ended(target, request, "HST-012")
+    require(
+        "HST-012",
+        failed_with(outcome, "Cancelled", f"Request {request} was cancelled") and not attempts,
+        f"stopped while waiting for its session: got {outcome}, reached {attempts}",
+    )
+    host.release_session("s")
+
+
+@covers("HST-014", "HST-015")
+@requires(HOST, Capability.MOCK_CLOCK)
+def test_the_budget_starts_when_a_stage_first_sees_the_stop(target: Target) -> None:
+    workers(target, 1)
+    host = host_of(target, "HST-014", HostConfig(policy="kv", affinity_ttl=1_000))
+    host.hold_session("s")
+    request = host.route(HostRoute(phase="decode", staged_kv=True, session="s"))
+    target.advance_time(50.0)  # not stopped yet: no budget is spent
+    host.stop(request)
+    target.advance_time(119.0)
+    require(
+        "HST-014",
+        target.outcome(request) is None,
+        f"stopped 119 s ago: the 120 s budget is not spent yet, got {target.outcome(request)}",
+    )
+    target.advance_time(2.0)
+    outcome, attempts = ended(target, request, "HST-015")
+    require(
+        "HST-015",
+        failed_with(
+            outcome,
+            "Cancelled",
+            f"Request {request} exhausted its decode cleanup budget at affinity",
+        )
+        and not attempts,
+        f"expected the budget to run out at the affinity stage; got {outcome}, reached {attempts}",
+    )
+    host.release_session("s")
+
+
+@covers("HST-014", "HST-015")
+@requires(HOST, Capability.MOCK_CLOCK)
+def test_a_planned_route_spends_its_preview_budget(target: Target) -> None:
+    workers(target, 1)
+    host = host_of(target, "HST-014", HostConfig(policy="kv"))
+    staged = HostRoute(phase="decode", staged_kv=True)
+    preview = planned(host.preview(staged), "HST-014")
+    target.advance_time(121.0)
+    plan = planned(host.plan(preview.plan_id), "HST-014")
+    request = host.dispatch_plan(plan.plan_id, stop_first=True)
+    outcome, attempts = ended(target, request, "HST-015")
+    require(
+        "HST-014",
+        plan.budget_remaining == 0
+        and failed_with(
+            outcome, "Cancelled", f"Request {request} exhausted its decode cleanup budget at record"
+        )
+        and not attempts,
+        f"the preview started the route's budget 121 s earlier, so the stopped dispatch has "
+        f"none left; plan reports {plan.budget_remaining} s, got {outcome}, reached {attempts}",
+    )
+
+
 # --- HST-016 to HST-019: LoRA filtering ---
 
 
@@ -468,10 +578,12 @@ def lora_host(target: Target, requirement: str, replicas: int) -> tuple[RoutingH
 
 @covers("HST-016")
 @requires(HOST)
-@pytest.mark.parametrize("hint", [None, 0, UNKNOWN], ids=["no-hint", "outside-hint", "unknown"])
+@pytest.mark.parametrize(
+    "hint", [None, -1, 0, UNKNOWN], ids=["no-hint", "outside-hint", "inside-hint", "unknown"]
+)
 def test_a_lora_request_goes_to_its_replica_set(target: Target, hint: int | None) -> None:
     host, replica = lora_host(target, "HST-016", replicas=1)
-    pinned = None if hint is None else (hint if hint == UNKNOWN else replica - 1)
+    pinned = None if hint is None else (hint if hint == UNKNOWN else replica + hint)
     for _ in range(3):
         outcome, attempts = ended(
             target, host.route(HostRoute(lora="ad", backend_instance_id=pinned)), "HST-016"

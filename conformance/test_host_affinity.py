@@ -279,6 +279,18 @@ def test_a_ttl_in_range_is_accepted(target: Target, ttl: float) -> None:
 
 @covers("AFF-004")
 @requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("cap", [0, 65_537])
+def test_a_cap_out_of_range_is_refused_at_construction(target: Target, cap: int) -> None:
+    built = target.open_host(hard(max_entries=cap))
+    require(
+        "AFF-004",
+        isinstance(built, ObservedError) and built.type == "InvalidArgument",
+        f"a binding cap of {cap} is outside 1 to 65,536; expected InvalidArgument, got {built}",
+    )
+
+
+@covers("AFF-004")
+@requires(Capability.ROUTING_HOST)
 @pytest.mark.parametrize(
     ("session", "size"),
     [("a" * 257, 257), ("é" * 129, 258), ("a" * 255 + "é", 257)],
@@ -654,7 +666,14 @@ def test_a_binding_the_request_rules_out_fails_without_rebinding(
     route = HostRoute(session="s", allowed=frozenset({other}))
     if conflict == "taints":
         route = HostRoute(session="s", required_taints=frozenset({"pool"}))
-    refused(target, host.route(route), "AFF-010", f"a request whose {conflict} excludes {bound}")
+    outcome = refused(
+        target, host.route(route), "AFF-010", f"a request whose {conflict} excludes {bound}"
+    )
+    require(
+        "AFF-010",
+        outcome.error is not None and outcome.error.type == "InvalidArgument",
+        f"a request that rules out its own hard binding is invalid; got {outcome.error}",
+    )
     bound_to(host, "s", bound, "AFF-010", f"after a request whose {conflict} ruled it out")
     went = served(target, host.route(HostRoute(session="s")), "AFF-010", "unconstrained")
     require("AFF-010", went == [bound], f"bound to {bound}, the next request went to {went}")
@@ -665,11 +684,18 @@ def test_a_binding_the_request_rules_out_fails_without_rebinding(
 def test_a_config_watch_gap_fails_without_rebinding(target: Target) -> None:
     known, gap = workers(target, 2, Serve())
     host = host_of(target, "AFF-010", hard("kv"))
-    host.bind_session("s", gap)
+    host.configure_worker(gap, dp_size=4)
+    host.bind_session("s", gap, dp_rank=2)  # a rank only the missing configuration vouches for
     host.forget_worker_config(gap)
-    refused(target, host.route(HostRoute(session="s")), "AFF-010", "config not yet seen")
+    outcome = refused(target, host.route(HostRoute(session="s")), "AFF-010", "config not yet seen")
+    require(
+        "AFF-010",
+        outcome.error is not None and outcome.error.type == "Unavailable",
+        f"the selector does not know the bound worker yet: expected Unavailable, got "
+        f"{outcome.error}",
+    )
     bound_to(host, "s", gap, "AFF-010", "after the selector did not know the bound worker")
-    host.configure_worker(gap)
+    host.configure_worker(gap, dp_size=4)
     went = served(target, host.route(HostRoute(session="s")), "AFF-010", "config seen")
     require("AFF-010", went == [gap], f"bound to {gap} (not {known}), the request went to {went}")
 

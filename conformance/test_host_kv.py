@@ -29,6 +29,7 @@ from routespec.target import (
     FailMidStream,
     HostConfig,
     HostRoute,
+    ObservedError,
     RoutingHostTarget,
     Serve,
     Stall,
@@ -488,3 +489,57 @@ def test_a_plan_draws_on_its_preview_budget(target: Target) -> None:
         f"the plan names {plan.worker_id}, the preview chose {preview.worker_id}",
     )
     host.abort_plan(plan.plan_id)
+
+
+@covers("KVS-010")
+@requires(HOST)
+@pytest.mark.parametrize(
+    "config",
+    [HostConfig(policy="kv", block_size=0), HostConfig(policy="kv", temperature=-0.5)],
+    ids=["block-size-0", "negative-temperature"],
+)
+def test_kv_settings_are_checked_at_construction(target: Target, config: HostConfig) -> None:
+    built = target.open_host(config)
+    require(
+        "KVS-010",
+        isinstance(built, ObservedError) and built.type == "InvalidArgument",
+        f"{config} should be refused with InvalidArgument, got {built}",
+    )
+
+
+@covers("KVS-011")
+@requires(HOST)
+@pytest.mark.parametrize("policy", ["round-robin", "least-loaded"])
+def test_route_plans_belong_to_the_kv_policy(target: Target, policy: str) -> None:
+    workers(target, 1)
+    host = host_of(target, "KVS-011", HostConfig(policy=policy))
+    preview = host.preview(HostRoute())
+    require(
+        "KVS-011",
+        isinstance(preview, ObservedError)
+        and preview.type == "InvalidArgument"
+        and policy in preview.links[0][1],
+        f"a preview under {policy} should fail InvalidArgument naming the policy, got {preview}",
+    )
+
+
+@covers("KVS-012")
+@requires(HOST, Capability.SCRIPT_STALL, Capability.MARK_OVERLOADED)
+def test_the_prefill_busy_probe_answers_from_bookings(target: Target) -> None:
+    pool = workers(target, 2, Stall(0))
+    host = host_of(target, "KVS-012", HostConfig(policy="kv"))
+    answers = [host.prefill_busy(HostRoute(), 1)]
+    host.route(HostRoute(tokens=(1,)))
+    answers.append(host.prefill_busy(HostRoute(), 1))
+    host.route(HostRoute(tokens=(2,)))
+    answers.append(host.prefill_busy(HostRoute(), 1))
+    for worker in pool:
+        target.release_stalled(worker)
+        target.mark_overloaded(worker, True)
+    answers.append(host.prefill_busy(HostRoute(), 1))
+    require(
+        "KVS-012",
+        answers == [False, False, True, True],
+        f"threshold 1 over two workers: idle, one booked, both booked, none free should read "
+        f"[False, False, True, True]; read {answers}",
+    )

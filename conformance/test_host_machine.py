@@ -118,6 +118,22 @@ class HostMachine(RuleBasedStateMachine):
     def script_worker(self, pick: int, script: WorkerScript) -> None:
         self.target.script_worker(self.workers[pick % len(self.workers)], script)
 
+    @precondition(lambda self: Capability.MARK_OVERLOADED in self.caps)
+    @rule(pick=st.integers(0, MAX_WORKERS), overloaded=st.booleans())
+    def mark_overloaded(self, pick: int, overloaded: bool) -> None:
+        self.target.mark_overloaded(self.workers[pick % len(self.workers)], overloaded)
+
+    @precondition(lambda self: Capability.REPORT_DOWN in self.caps)
+    @rule(pick=st.integers(0, MAX_WORKERS))
+    def report_down(self, pick: int) -> None:
+        self.target.report_down(self.workers[pick % len(self.workers)])
+
+    @precondition(lambda self: Capability.VANISH_WORKER in self.caps)
+    @rule(pick=st.integers(0, MAX_WORKERS))
+    def vanish_worker(self, pick: int) -> None:
+        """The worker's transport record goes; transport fallback may then move requests."""
+        self.target.vanish_worker(self.workers[pick % len(self.workers)])
+
     @rule(pick=st.integers(0, MAX_WORKERS))
     def release_stalled(self, pick: int) -> None:
         self.target.release_stalled(self.workers[pick % len(self.workers)])
@@ -208,6 +224,12 @@ class HostMachine(RuleBasedStateMachine):
         )
         if not open_count:
             require("MON-005", not bookings, f"bookings at rest: {bookings}")
+            initializing = [s for s in SESSIONS if self.host.session(s).state == "initializing"]
+            require(
+                "AFF-002",
+                not initializing,
+                f"no request is in flight, yet sessions {initializing} are still initializing",
+            )
         clean = sum(
             1
             for request, outcome in outcomes.items()
@@ -229,7 +251,7 @@ class HostMachine(RuleBasedStateMachine):
         )
 
 
-@covers("HST-002", "HST-010", "HST-011", "HST-012", "HST-013", "AFF-006", "MON-005")
+@covers("HST-002", "HST-010", "HST-011", "HST-012", "HST-013", "AFF-002", "AFF-006", "MON-005")
 @requires(Capability.ROUTING_HOST, Capability.SCRIPT_FAILURES, Capability.SCRIPT_STALL)
 def test_host_machine(adapter: Adapter) -> None:
     factory = lambda: HostMachine(adapter)  # noqa: E731

@@ -34,7 +34,7 @@ REQUESTS = 6
     ("argv", "named"),
     [
         (["call", "--endpoint", "x", "{}"], "argument --endpoint"),
-        (["call", "--endpoint", "a.b.c", "--mode", "kv", "{}"], "argument --mode"),
+        (["call", "--endpoint", "a.b.c", "--mode", "device-aware", "{}"], "argument --mode"),
         (["call", "--endpoint", "a.b.c", "--instance", "zz", "{}"], "argument --instance"),
         (["call", "--endpoint", "a.b.c", "--migration-limit", "-1", "{}"], "--migration-limit"),
         (["call", "--endpoint", "a.b.c", "--mode", "direct", "{}"], "--instance"),
@@ -80,7 +80,9 @@ def _metrics(url: str) -> dict[str, float]:
     return samples
 
 
-def _start_router(started: list[Command], tmp_path: Path, spec: str) -> tuple[Command, str]:
+def _start_router(
+    started: list[Command], tmp_path: Path, spec: str, *extra: str
+) -> tuple[Command, str]:
     """A ``routespec router`` with metrics; returns it and its metrics URL once ready."""
     router = start(
         started,
@@ -92,15 +94,19 @@ def _start_router(started: list[Command], tmp_path: Path, spec: str) -> tuple[Co
         spec,
         "--metrics-port",
         "0",
+        *extra,
     )
     return router, json.loads(router.line())["metrics"]
 
 
-def _route(router: Command, count: int, when_streaming: Callable[[], None]) -> list[list[int]]:
-    """Send ``count`` demo requests and collect each one's tokens until all are done;
-    ``when_streaming`` runs once every request has its first token."""
-    router.send(_request_line() * count)
-    tokens: list[list[int]] = [[] for _ in range(count)]
+def _route(
+    router: Command, count: int, when_streaming: Callable[[], None], line: str | None = None
+) -> list[list[int]]:
+    """Send ``count`` demo requests (``line``, by default the usual prompt) and collect each
+    one's tokens until all are done; ``when_streaming`` runs once every request has its
+    first token."""
+    router.send((line or _request_line()) * count)
+    tokens: dict[int, list[int]] = {}  # by the router's request number
     done: set[int] = set()
     streaming = False
     while len(done) < count:
@@ -109,11 +115,11 @@ def _route(router: Command, count: int, when_streaming: Callable[[], None]) -> l
         if event.get("done"):
             done.add(event["request"])
             continue
-        tokens[event["request"]] += event["data"]["token_ids"]
-        if not streaming and all(tokens):
+        tokens.setdefault(event["request"], []).extend(event["data"]["token_ids"])
+        if not streaming and len(tokens) == count:
             streaming = True
             when_streaming()
-    return tokens
+    return [tokens.get(number, []) for number in sorted(done)]
 
 
 EXPECTED = list(range(len(PROMPT), len(PROMPT) + MAX_TOKENS))
@@ -150,6 +156,29 @@ def test_a_worker_killed_mid_stream_loses_no_token(backend: Backend, tmp_path: P
     )
     assert dispatches == REQUESTS + metrics["routespec_router_migrations_total"]
     assert metrics["routespec_router_requests_inflight"] == 0
+
+
+def test_the_kv_policy_sends_a_repeated_prompt_to_the_worker_that_has_it(
+    tmp_path: Path,
+) -> None:
+    """``--mode kv`` routes through the routing host's KV policy: the second of two identical
+    prompts, sent after the first finished, goes to the worker the first one went to."""
+    spec = f"file:{tmp_path / 'kv'}"
+    with commands(tmp_path) as started:
+        _start_workers(started, tmp_path, spec, 2)
+        router, metrics_url = _start_router(started, tmp_path, spec, "--mode", "kv")
+        prompt = list(range(32))  # two full KV blocks of 16 tokens
+        line = json.dumps({"token_ids": prompt, "max_tokens": MAX_TOKENS}) + "\n"
+        expected = [list(range(32, 32 + MAX_TOKENS))]
+        assert _route(router, 1, lambda: None, line) == expected
+        assert _route(router, 1, lambda: None, line) == expected
+        metrics = _metrics(metrics_url)
+        router.close_stdin()
+        assert router.wait() == 0, router.stderr()
+    per_worker = [
+        v for k, v in metrics.items() if k.startswith("routespec_router_dispatches_total")
+    ]
+    assert per_worker == [2.0], metrics
 
 
 def test_sigterm_deregisters_first_then_finishes_open_streams(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from routespec.target import (
     Capability,
     Delivery,
     Direct,
+    DiscoveryTarget,
     ErrorSpec,
     Generate,
     HostConfig,
@@ -148,6 +149,9 @@ class DynamoClientTarget:
 
     def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
         raise NotImplementedError(Capability.ROUTING_HOST.value)
+
+    def open_discovery(self) -> DiscoveryTarget:
+        raise NotImplementedError(Capability.DISCOVERY_STORE.value)
 
     def held_guards(self) -> int:
         raise NotImplementedError(Capability.FIRST_RESPONSE_GUARD.value)

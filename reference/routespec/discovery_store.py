@@ -1,7 +1,8 @@
 """The discovery-store seam: how workers register and routers watch, whatever the backend.
 
 Two backends implement it: the file store (``file_discovery``, one host) and etcd v3
-(``etcd_discovery``, several hosts). Both keep Dynamo 1.6.1's record format and key layout.
+(``etcd_discovery``, several hosts). Both keep Dynamo 1.6.1's record format and key layout
+(DSC-007). The spec's discovery page (DSC) states what every store must do.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ FIELD = "--discovery"  # the command-line argument that names a store
 
 
 class DiscoveryError(Exception):
-    """A discovery store that cannot be used (bad address, unreachable); names the field."""
+    """A discovery store that cannot be used (bad address, unreachable); names the field
+    (DSC-011)."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
@@ -29,7 +31,7 @@ class Registration(Protocol):
     """One instance's live record; it disappears when its process stops renewing it."""
 
     async def withdraw(self) -> None:
-        """Remove the record now and stop renewing it (a clean shutdown's first step)."""
+        """Remove the record now and stop renewing it (a clean shutdown's first step; DSC-004)."""
         ...
 
 
@@ -50,6 +52,6 @@ class DiscoveryStore(Protocol):
         on_added: IdCallback | None = None,
         on_removed: IdCallback | None = None,
     ) -> AbstractAsyncContextManager[Discovery]:
-        """The endpoint's instances, read once before the block starts and kept current
-        during it; the callbacks report each later change."""
+        """The endpoint's instances, read once before the block starts (DSC-003) and kept
+        current during it (DSC-001, DSC-002); the callbacks report each later change (DSC-012)."""
         ...

@@ -10,7 +10,10 @@ EXAMPLES = "file:DIR or etcd:http://HOST:PORT"
 
 
 def open_store(spec: str | None, ttl: float = DEFAULT_TTL) -> DiscoveryStore:
-    """The store ``spec`` names; None is the default file store ($DYN_FILE_KV, like Dynamo)."""
+    """The store ``spec`` names; None is the default file store ($DYN_FILE_KV, like Dynamo).
+
+    A malformed ``spec`` or a non-positive ``ttl`` is a ``DiscoveryError`` naming its argument
+    (DSC-011)."""
     if ttl <= 0:
         raise DiscoveryError("--ttl", f"must be positive, got {ttl}")
     if spec is None:

@@ -2,7 +2,8 @@
 
 Keys follow Dynamo 1.6.1's etcd layout, ``v1/instances/<ns>/<comp>/<endpoint>/<hex id>``, with
 the same JSON record as the file store. A worker's record is bound to a lease of ``ttl``
-seconds that it keeps alive; a crashed worker's record disappears when the lease expires.
+seconds that it keeps alive (DSC-005); a crashed worker's record disappears when the lease
+expires (DSC-006).
 Routers read a snapshot with a range request, then follow a watch from the next revision,
 and re-read the snapshot after any connection failure (a restarted etcd, a compaction).
 """
@@ -52,12 +53,12 @@ def endpoint_prefix(endpoint: str) -> str:
 
 
 def etcd_key(endpoint: str, instance_id: int) -> str:
-    """``v1/instances/ns/comp/endpoint/<hex id>``: Dynamo's etcd key of an instance."""
+    """``v1/instances/ns/comp/endpoint/<hex id>``: Dynamo's etcd key of an instance (DSC-007)."""
     return f"{INSTANCES_BUCKET}/{instance_key(endpoint, instance_id)}"
 
 
 def parse_url(url: str) -> httpx.URL:
-    """An ``http(s)://host:port`` etcd client URL, or a ``DiscoveryError`` naming it."""
+    """An ``http(s)://host:port`` etcd client URL, or a ``DiscoveryError`` naming it (DSC-011)."""
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as error:
@@ -169,7 +170,7 @@ class EtcdRegistration:
     """One instance's key under a lease that a background task keeps alive.
 
     When etcd has forgotten the lease (it expired while etcd was unreachable, or etcd lost
-    its data) the record is put again under a new lease.
+    its data) the record is put again under a new lease (DSC-009).
     """
 
     client: EtcdClient
@@ -196,7 +197,8 @@ class EtcdRegistration:
                 pass  # etcd is away; the next beat tries again, before the lease lapses
 
     async def withdraw(self) -> None:
-        """Revoke the lease: etcd deletes the key and watchers see the removal at once."""
+        """Revoke the lease: etcd deletes the key and watchers see the removal at once
+        (DSC-004)."""
         if not self.withdrawn:
             self.withdrawn = True
             await self.client.revoke(self.lease)
@@ -253,7 +255,8 @@ class EtcdStore:
 
 @attrs.define
 class EtcdWatcher:
-    """Keeps a ``MemoryDiscovery`` equal to the keys under one endpoint's prefix."""
+    """Keeps a ``MemoryDiscovery`` equal to the keys under one endpoint's prefix (DSC-002),
+    and reports each change to it (DSC-001, DSC-012)."""
 
     client: EtcdClient
     prefix: str
@@ -262,7 +265,7 @@ class EtcdWatcher:
     discovery: MemoryDiscovery = attrs.field(factory=MemoryDiscovery)
 
     async def resync(self) -> int:
-        """Replace the snapshot with a fresh range read; returns its revision."""
+        """Replace the snapshot with a fresh range read (DSC-003); returns its revision."""
         revision, kvs = await self.client.range_prefix(self.prefix)
         fresh = {instance.instance_id: instance for instance in _records(kvs)}
         for instance_id in self.discovery.instance_ids():
@@ -273,7 +276,7 @@ class EtcdWatcher:
         return revision
 
     async def follow(self, revision: int) -> NoReturn:
-        """Apply watch events; after a failure, wait, re-read and watch again."""
+        """Apply watch events; after a failure, wait, re-read and watch again (DSC-010)."""
         while True:
             try:
                 async for events in self.client.watch_prefix(self.prefix, revision + 1):
@@ -312,7 +315,7 @@ class EtcdWatcher:
 
 
 def _records(kvs: list[tuple[str, bytes]]) -> Iterator[Instance]:
-    """The well-formed endpoint records among ``kvs``; anything else is skipped."""
+    """The well-formed endpoint records among ``kvs``; anything else is skipped (DSC-008)."""
     for _key, value in kvs:
         try:
             yield decode_record(value)

@@ -60,7 +60,7 @@ def split_endpoint(endpoint: str) -> tuple[str, str, str]:
 
 
 def instance_key(endpoint: str, instance_id: int) -> str:
-    """The store key of an instance: ``ns/comp/endpoint/<hex id>``."""
+    """The store key of an instance: ``ns/comp/endpoint/<hex id>`` (DSC-007)."""
     return "/".join((*split_endpoint(endpoint), f"{instance_id:x}"))
 
 
@@ -79,7 +79,7 @@ def random_instance_id() -> int:
 
 
 def encode_record(instance: Instance) -> bytes:
-    """The JSON record Dynamo 1.6.1 writes for an endpoint instance."""
+    """The JSON record Dynamo 1.6.1 writes for an endpoint instance (DSC-007)."""
     namespace, component, endpoint = split_endpoint(instance.endpoint)
     record = {
         "type": ENDPOINT_TYPE,
@@ -95,7 +95,7 @@ def encode_record(instance: Instance) -> bytes:
 
 
 def decode_record(data: bytes) -> Instance:
-    """An ``Instance`` from a record; anything else is a ``MalformedRecord``."""
+    """An ``Instance`` from a record; anything else is a ``MalformedRecord`` (DSC-008)."""
     try:
         record = json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
@@ -149,16 +149,18 @@ class FileRegistration:
         self.registered = True
 
     def touch(self) -> None:
-        """Refresh the mtime; rewrite the record if another process expired it meanwhile."""
+        """Refresh the mtime (DSC-005); rewrite the record if the store lost it or another
+        process expired it meanwhile (DSC-009)."""
         if not self.registered:
-            return
+            return  # withdrawn: never written again while the process drains (DSC-004)
         try:
             os.utime(self.path)
         except FileNotFoundError:
             self.register()
 
     def deregister(self) -> None:
-        """Clean deregistration: the record disappears (a crash leaves it to expire)."""
+        """Clean deregistration: the record disappears (DSC-004; a crash leaves it to expire,
+        DSC-006)."""
         self.registered = False
         self.path.unlink(missing_ok=True)
 
@@ -221,7 +223,8 @@ class FileDiscovery:
     def refresh(self) -> tuple[frozenset[int], frozenset[int]]:
         """Rescan: delete expired files, read this endpoint's records; returns (added, removed).
 
-        Malformed or vanished files are skipped; a record older than ``ttl`` is dead.
+        Malformed or vanished files are skipped (DSC-008); a record older than ``ttl`` is
+        dead (DSC-006); only this endpoint's records are listed (DSC-002).
         """
         found: dict[int, Instance] = {}
         deadline = time.time() - self.ttl
@@ -259,7 +262,8 @@ class FileDiscovery:
         on_added: IdCallback | None = None,
         on_removed: IdCallback | None = None,
     ) -> NoReturn:
-        """Refresh every ``interval`` seconds and report each added and removed id."""
+        """Refresh every ``interval`` seconds and report each added and removed id (DSC-001,
+        DSC-012); a wiped directory is just empty, and is followed again (DSC-010)."""
         while True:
             added, removed = self.refresh()
             for instance_id in sorted(removed):
@@ -292,7 +296,7 @@ class FileStore:
 
     async def check(self) -> None:
         """A missing directory is created by the first registration; a file in its place is
-        an error."""
+        an error (DSC-011)."""
         if self.root.exists() and not self.root.is_dir():
             raise DiscoveryError(FIELD, f"file store {self.root} is not a directory")
 
@@ -307,7 +311,7 @@ class FileStore:
         on_removed: IdCallback | None = None,
     ) -> AsyncIterator[FileDiscovery]:
         discovery = FileDiscovery(self.root, endpoint, self.ttl)
-        discovery.refresh()
+        discovery.refresh()  # the first read (DSC-003)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(discovery.watch, self.poll_interval, on_added, on_removed)
             try:

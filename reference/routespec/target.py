@@ -55,6 +55,7 @@ class Capability(enum.Enum):
     OBSERVE_PREPARED_TARGET = "observe:prepared-target"
     ERROR_MODEL = "errors:model"
     ROUTING_HOST = "host:routing-host"
+    DISCOVERY_STORE = "discovery:store"
 
 
 @attrs.frozen
@@ -454,6 +455,97 @@ class RoutingHostTarget(Protocol):
     def inputs(self) -> HostView: ...
 
 
+@attrs.frozen
+class DiscoveryTiming:
+    """A discovery store's periods in seconds (spec: DSC): a record not renewed for ``ttl`` is
+    dead; a running process renews its record every ``renewal``; a change reaches a watcher
+    within ``propagation``."""
+
+    ttl: float
+    renewal: float
+    propagation: float
+
+
+@attrs.frozen
+class ListedInstance:
+    """An instance as a watcher resolves it: its transport address and device type."""
+
+    address: str | None
+    device_type: str | None
+
+
+@attrs.frozen
+class StoredRecord:
+    """An instance's record as the store holds it: its key in Dynamo's key space
+    (``v1/instances/ns/comp/endpoint/<hex id>``) and its value."""
+
+    key: str
+    value: bytes
+
+
+class DiscoveryTarget(Protocol):
+    """A discovery store of a target (Capability.DISCOVERY_STORE), empty when opened: worker
+    processes register instance records in it, watchers follow an endpoint's records."""
+
+    def address(self) -> str:
+        """The store as ``--discovery`` spells it (``file:DIR``, ``etcd:URL``)."""
+        ...
+
+    def timing(self) -> DiscoveryTiming:
+        """The periods the store really uses."""
+        ...
+
+    def register(self, endpoint: str, *, device: str = "cuda") -> int:
+        """A worker process registers an instance of ``endpoint`` and keeps it alive; returns
+        its instance id."""
+        ...
+
+    def withdraw(self, instance_id: int) -> None:
+        """The process withdraws its registration (a clean shutdown's first step) and keeps
+        running."""
+        ...
+
+    def lapse(self, instance_id: int) -> None:
+        """The process stops renewing without withdrawing (it is killed with SIGKILL)."""
+        ...
+
+    def put_raw(self, endpoint: str, instance_id: int, value: bytes) -> None:
+        """Another process stores ``value`` as the record of ``instance_id`` under
+        ``endpoint``'s key, and never renews it."""
+        ...
+
+    def lose_records(self) -> None:
+        """The store loses every record (wiped, or restarted without its data) while the
+        registered processes keep running."""
+        ...
+
+    def watch(self, endpoint: str) -> int:
+        """Start a watcher of ``endpoint``; returns its id once its first read is done."""
+        ...
+
+    def listed(self, watcher: int) -> Mapping[int, ListedInstance]:
+        """The instances the watcher lists now."""
+        ...
+
+    def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
+        """The changes reported to the watcher so far, in order: ``("added" | "removed", id)``."""
+        ...
+
+    def record(self, instance_id: int) -> StoredRecord | None:
+        """The record the store holds now for an instance registered or put here, or None."""
+        ...
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of the store's time pass: renewals, polls and expiries that fall due
+        happen before it returns."""
+        ...
+
+    def refusal(self, address: str, ttl: float) -> str | None:
+        """Open the store ``address`` names with liveness period ``ttl`` and check that it can
+        be used: the argument its typed refusal names (``--discovery``, ``--ttl``), or None."""
+        ...
+
+
 class Target(Protocol):
     """One running system under test: a cluster of workers and one router in front of them."""
 
@@ -524,6 +616,10 @@ class Target(Protocol):
     def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
         """Build a routing host over this target's workers (Capability.ROUTING_HOST), or the
         error its construction failed with."""
+        ...
+
+    def open_discovery(self) -> DiscoveryTarget:
+        """Open an empty discovery store (Capability.DISCOVERY_STORE)."""
         ...
 
     # the error model as a library (Capability.ERROR_MODEL)

@@ -1,5 +1,6 @@
 """``routespec call`` (one request) and ``routespec router`` (JSON lines on stdin): requests
-through ``PushRouter`` + ``Migration`` over ``TcpDispatch``, fed by a watched discovery store."""
+through the routing host (on ``PushRouter``) and ``Migration`` over ``TcpDispatch``, fed by a
+watched discovery store."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ from routespec.cli.usage import UsageError
 from routespec.cli.worker import serving_metrics
 from routespec.discovery_url import open_store
 from routespec.errors import ErrorKind, RoutingError
+from routespec.exclusions import Exclusions
+from routespec.host.request import HostRequest, RoutingHints
+from routespec.host.routing_host import RoutingHost, WorkerConfig
 from routespec.metrics import RouterMetrics, error_kind
 from routespec.migration import Migration
 from routespec.push_router import PushRouter
 from routespec.selection import RouterMode
-from routespec.streaming import Request
+from routespec.streaming import ItemStream, Request
 from routespec.transport.tcp_dispatch import TcpDispatch
 
 MODES = {
@@ -31,6 +35,7 @@ MODES = {
     "p2c": RouterMode.POWER_OF_TWO_CHOICES,
     "least-loaded": RouterMode.LEAST_LOADED,
     "direct": RouterMode.DIRECT,
+    "kv": RouterMode.KV,
 }
 PROGRESS_AFTER = 1.0  # seconds: short streams never draw a progress line
 PROGRESS_EVERY = 0.1
@@ -38,12 +43,18 @@ PROGRESS_EVERY = 0.1
 
 @attrs.define
 class Caller:
-    """Sends requests through one router and counts them in ``metrics``."""
+    """Sends requests through one routing host and counts them in ``metrics``."""
 
+    host: RoutingHost
     migration: Migration
-    mode: RouterMode
     pin: int | None
     metrics: RouterMetrics
+    _dispatches: dict[str, Callable[[int], None]] = attrs.field(factory=dict)
+
+    def dispatched(self, request: Request, instance_id: int) -> Request:
+        """The host's ``prepare`` step: tell the request's caller where it went."""
+        self._dispatches[request.request_id](instance_id)
+        return request
 
     async def stream(
         self, payload: object, on_item: Callable[[object, list[int]], None]
@@ -51,17 +62,24 @@ class Caller:
         """Stream one request; ``on_item`` gets each item and the workers tried so far.
         Returns the typed error that ended it, or None when it completed."""
         workers: list[int] = []
+        routed = HostRequest(
+            Request(uuid.uuid4().hex, payload), hints=RoutingHints(backend_instance_id=self.pin)
+        )
 
-        def prepare(request: Request, instance_id: int) -> Request:
+        def on_dispatch(instance_id: int) -> None:
             self.metrics.dispatched(instance_id, migrated=bool(workers))
             workers.append(instance_id)
-            return request
 
+        async def attempt(request: Request, exclusions: Exclusions) -> ItemStream:
+            return await self.host.generate(attrs.evolve(routed, request=request), exclusions)
+
+        self._dispatches[routed.request_id] = on_dispatch
         self.metrics.start()
         error: RoutingError | None = None
         try:
-            stream = await self.migration.generate(
-                Request(uuid.uuid4().hex, payload), self.mode, pin=self.pin, prepare=prepare
+            # a pinned request goes to its worker alone, and is never migrated (MIG-011)
+            stream = await self.migration.stream(
+                routed.request, attempt, pinned=self.pin is not None, is_stopped=lambda: False
             )
             try:
                 async for item in stream:
@@ -74,31 +92,46 @@ class Caller:
         except RoutingError as failure:
             error = failure
         finally:
+            del self._dispatches[routed.request_id]
             self.metrics.finish(error)
         return error
 
 
-def _mode(args: argparse.Namespace) -> tuple[RouterMode, int | None]:
+def _mode(args: argparse.Namespace) -> RouterMode:
     mode = MODES[args.mode]
     if mode is RouterMode.DIRECT and args.instance is None:
         raise UsageError("--instance", "--mode direct needs the worker's instance id")
     if mode is not RouterMode.DIRECT and args.instance is not None:
         raise UsageError("--instance", "only with --mode direct")
-    # a pinned request goes to its worker alone, and is never migrated (MIG-011)
-    return (RouterMode.ROUND_ROBIN, args.instance) if args.instance is not None else (mode, None)
+    return mode
 
 
 @asynccontextmanager
 async def open_caller(args: argparse.Namespace, metrics: RouterMetrics) -> AsyncIterator[Caller]:
-    mode, pin = _mode(args)
+    mode = _mode(args)
     store = open_store(args.discovery, args.ttl)
     await store.check()
+    configs: dict[int, WorkerConfig] = {}  # what the KV selector knows: every discovered worker
+
+    def added(instance_id: int) -> None:
+        configs[instance_id] = WorkerConfig()
+        dispatch.instance_added(instance_id)
+
+    def removed(instance_id: int) -> None:
+        configs.pop(instance_id, None)
+        dispatch.instance_removed(instance_id)
+
     async with (
         TcpDispatch.open(args.host) as dispatch,
-        store.watch(args.endpoint, dispatch.instance_added, dispatch.instance_removed) as found,
+        store.watch(args.endpoint, added, removed) as found,
     ):
+        configs.update({instance_id: WorkerConfig() for instance_id in found.instance_ids()})
         router = PushRouter.create(args.endpoint, found, dispatch)
-        yield Caller(Migration(router, args.migration_limit), mode, pin, metrics)
+        host = RoutingHost.create(router, mode)
+        host.worker_configs = configs
+        caller = Caller(host, Migration(router, args.migration_limit), args.instance, metrics)
+        host.prepare = caller.dispatched
+        yield caller
 
 
 def parse_payload(text: str, field: str) -> object:

@@ -20,15 +20,13 @@ class HostAdmission:
 
     counters: RequestCounters
     releases: list[Callable[[], None]] = attrs.field(factory=list)
-    started: bool = False
     dispatched: bool = False
     _open: bool = True
 
     def count_started(self) -> None:
-        """An admission stays counted even if it never reaches dispatch (HST-010)."""
-        if not self.started:
-            self.started = True
-            self.counters.started += 1
+        """Called once per admission; it stays counted even if the request never reaches
+        dispatch (HST-010)."""
+        self.counters.started += 1
 
     def release(self, *, completed: bool) -> None:
         if not self._open:

@@ -23,18 +23,28 @@ def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
     return hashes
 
 
+MAX_BLOCKS_PER_WORKER = 1 << 16
+
+
 @attrs.define
 class PrefixIndex:
-    """Which blocks each worker holds, as routing decisions predict it (KVS-001)."""
+    """Which blocks each worker holds, as routing decisions predict it (KVS-001); each
+    worker keeps its ``max_blocks`` most recently recorded blocks, so memory is bounded."""
 
-    _cached: dict[int, set[int]] = attrs.field(factory=dict)
+    max_blocks: int = MAX_BLOCKS_PER_WORKER
+    _cached: dict[int, dict[int, None]] = attrs.field(factory=dict)  # insertion-ordered sets
 
     def record(self, worker_id: int, hashes: Iterable[int]) -> None:
-        self._cached.setdefault(worker_id, set()).update(hashes)
+        held = self._cached.setdefault(worker_id, {})
+        for block in hashes:
+            held.pop(block, None)
+            held[block] = None  # most recent last
+        while len(held) > self.max_blocks:
+            del held[next(iter(held))]
 
     def overlap(self, worker_id: int, hashes: Sequence[int]) -> int:
         """The number of leading blocks the worker holds."""
-        held = self._cached.get(worker_id, set())
+        held = self._cached.get(worker_id, {})
         count = 0
         for block in hashes:
             if block not in held:
@@ -57,6 +67,12 @@ class KvBooking:
             self.released = True
             self._scheduler._unbook(self)
 
+    def retarget(self, worker_id: int) -> None:
+        """Move the load to the worker transport fallback actually used."""
+        self._scheduler._unbook(self)
+        self.worker_id = worker_id
+        self._scheduler._add(self)
+
 
 @attrs.define
 class KvScheduler:
@@ -72,7 +88,7 @@ class KvScheduler:
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
                 f"block_size={self.block_size} must be >= 1 and temperature="
-                f"{self.temperature} >= 0 (KVS-002)",
+                f"{self.temperature} >= 0 (KVS-010)",
             )
 
     def request_blocks(self, tokens: Sequence[int]) -> int:
@@ -103,10 +119,14 @@ class KvScheduler:
         return self.rng.choices(workers, weights)[0]
 
     def book(self, worker_id: int, tokens: Sequence[int]) -> KvBooking:
-        blocks = self.request_blocks(tokens)
-        self._requests[worker_id] = self._requests.get(worker_id, 0) + 1
-        self._blocks[worker_id] = self._blocks.get(worker_id, 0) + blocks
-        return KvBooking(self, worker_id, blocks)
+        booking = KvBooking(self, worker_id, self.request_blocks(tokens))
+        self._add(booking)
+        return booking
+
+    def _add(self, booking: KvBooking) -> None:
+        worker = booking.worker_id
+        self._requests[worker] = self._requests.get(worker, 0) + 1
+        self._blocks[worker] = self._blocks.get(worker, 0) + booking.blocks
 
     def active_requests(self) -> Mapping[int, int]:
         return {w: n for w, n in self._requests.items() if n}

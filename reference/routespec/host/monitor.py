@@ -93,7 +93,7 @@ class MonitoredStream:
         kind = classify_item(item)
         if kind is ItemClass.FAILED:
             self._withheld = None  # MON-003: the error replaces the terminal frame
-            self._end(completed=False)  # MON-002: released before the caller sees it
+            await self._close()  # MON-002: released before the caller sees it
             self._ready.append(item)
         elif kind is ItemClass.DRAINABLE_TERMINAL:
             self._publish_withheld()

@@ -22,13 +22,14 @@ from routespec.host.affinity import (
     Initialize,
 )
 from routespec.host.budget import CleanupBudget, run_stage
-from routespec.host.kv import KvScheduler, block_hashes
+from routespec.host.kv import KvBooking, KvScheduler, block_hashes
 from routespec.host.lora import LoraFilter
 from routespec.host.monitor import MonitoredStream
 from routespec.host.request import HostRequest
 from routespec.occupancy import OccupancyTracker, Permit
 from routespec.push_router import ALLOW, DENY, Prepare, PushRouter, TransportFallback
 from routespec.selection import RouterMode
+from routespec.streaming import Request
 
 
 class WorkerInput(enum.Flag):
@@ -71,6 +72,7 @@ class Route:
     permit: Permit | None = None
     pending: Initialize | None = None
     follow_session: str | None = None  # soft affinity follows the dispatch (AFF-007)
+    booking: KvBooking | None = None  # set at admission under the KV policy
 
 
 @attrs.define
@@ -86,6 +88,16 @@ class RoutePlan:
     route: Route
     budget: CleanupBudget
     admission: HostAdmission
+    settled: bool = False  # dispatched or aborted: a plan is used once
+
+    def settle(self, operation: str) -> None:
+        if self.settled:
+            raise RoutingError(
+                ErrorKind.INVALID_ARGUMENT,
+                f"cannot {operation} the route plan of request {self.request.request_id}: "
+                "it was already dispatched or aborted",
+            )
+        self.settled = True
 
 
 @attrs.define
@@ -144,7 +156,9 @@ class RoutingHost:
 
     def constructed_inputs(self) -> WorkerInput:
         built = WorkerInput.OCCUPANCY if self.occupancy is not None else WorkerInput.NONE
-        return built | (WorkerInput.CACHE | WorkerInput.LOAD if self.kv else WorkerInput.NONE)
+        return built | (
+            WorkerInput.CACHE | WorkerInput.LOAD if self.kv is not None else WorkerInput.NONE
+        )
 
     def bookings(self) -> Mapping[int, int]:
         """Admitted requests per worker, by whichever load input the policy books."""
@@ -174,6 +188,7 @@ class RoutingHost:
         AFF-012)."""
         self._require_kv("preview")
         budget = CleanupBudget(clock=self.clock)
+        budget.deadline()  # a planned route's budget runs from its preview (HST-014)
         route = await self._select(request, budget, None, lambda: self._read_binding(request))
         return RoutePreview(request, route, budget)
 
@@ -187,21 +202,23 @@ class RoutingHost:
 
     async def dispatch_plan(self, plan: RoutePlan) -> MonitoredStream:
         """The plan's booking becomes the request's (KVS-007)."""
+        plan.settle("dispatch")
         plan.admission.count_started()
         return await self._dispatch(plan.request, plan.route, plan.admission, plan.budget, None)
 
     def abort_plan(self, plan: RoutePlan) -> None:
         """Release the booking and any pending affinity initialization (KVS-008)."""
+        plan.settle("abort")
         plan.admission.release(completed=False)
         if plan.route.pending is not None:
             plan.route.pending.abandon()
 
     def prefill_busy(self, request: HostRequest, threshold: float) -> bool:
-        """Whether every candidate already holds ``threshold`` admitted requests; admits
-        nothing (KVS-009)."""
+        """Busy when no candidate is free or every one already holds ``threshold`` admitted
+        requests (KVS-012); admits nothing (KVS-009)."""
         loads = self.bookings()
         candidates = self._candidates(request, None)
-        return bool(candidates) and all(loads.get(w, 0) >= threshold for w in candidates)
+        return all(loads.get(w, 0) >= threshold for w in candidates)
 
     # --- stages ---
 
@@ -278,9 +295,28 @@ class RoutingHost:
             if route is not None:
                 return route
             if self.affinity_mode is AffinityMode.HARD and self.affinity is not None:
-                assert request.session_id is not None
+                assert request.session_id is not None  # AFF-009: the stale binding is gone
                 reacquired = await self.affinity.acquire(request.session_id)
-                pending = reacquired if isinstance(reacquired, Initialize) else None
+                if isinstance(reacquired, Bound):  # another request rebound it meanwhile
+                    route = await self._bound_route(request, reacquired, exclusions)
+                    if route is not None:
+                        return route
+                else:
+                    pending = reacquired
+        try:
+            return self._select_unpinned(request, acquired, pending, exclusions)
+        except BaseException:
+            if pending is not None and pending is not acquired:
+                pending.abandon()  # the re-acquired initialization is this stage's own
+            raise
+
+    def _select_unpinned(
+        self,
+        request: HostRequest,
+        acquired: Acquired | None,
+        pending: Initialize | None,
+        exclusions: Exclusions | None,
+    ) -> Route:
         if self.policy is RouterMode.DIRECT:
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
@@ -333,21 +369,22 @@ class RoutingHost:
                 ErrorKind.UNAVAILABLE,
                 f"session affinity pins worker {worker_id}, which already failed this request",
             )
+        if self.kv is not None and worker_id not in self.worker_configs:
+            raise RoutingError(
+                ErrorKind.UNAVAILABLE,
+                f"session affinity pins worker {worker_id}, which the selector does not know yet",
+            )
         if not self._eligible(request, worker_id):
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
                 f"session affinity pins worker {worker_id}, which this request's allowed "
                 "workers or routing constraints exclude",
             )
-        if self.kv is not None and worker_id not in self.worker_configs:
-            raise RoutingError(
-                ErrorKind.UNAVAILABLE,
-                f"session affinity pins worker {worker_id}, which the selector does not know yet",
-            )
 
     def _rank_in_range(self, target: AffinityTarget) -> bool:
-        config = self.worker_configs.get(target.worker_id, WorkerConfig())
-        return target.dp_rank is None or 0 <= target.dp_rank < config.dp_size
+        """An unknown configuration cannot judge the rank: that gap is AFF-010's, not stale."""
+        config = self.worker_configs.get(target.worker_id)
+        return config is None or target.dp_rank is None or 0 <= target.dp_rank < config.dp_size
 
     def _lora_set(self, request: HostRequest) -> frozenset[int] | None:
         name = request.hints.lora_name
@@ -397,7 +434,7 @@ class RoutingHost:
         if routable:
             raise RoutingError(
                 ErrorKind.RESOURCE_EXHAUSTED, "All workers are busy, please retry later"
-            )
+            )  # HST-021
         raise RoutingError(
             ErrorKind.UNAVAILABLE, f"No workers available for endpoint {self.router.endpoint}"
         )
@@ -412,7 +449,8 @@ class RoutingHost:
         if route.permit is not None:
             admission.releases.append(route.permit.release)
         if self.kv is not None:
-            admission.releases.append(self.kv.book(route.worker_id, request.tokens()).release)
+            route.booking = self.kv.book(route.worker_id, request.tokens())
+            admission.releases.append(route.booking.release)
         lora_name = request.hints.lora_name
         if self.lora is not None and lora_name is not None:
             admission.releases.append(self.lora.track(lora_name))  # HST-017
@@ -432,17 +470,19 @@ class RoutingHost:
             if kv is not None:  # routing decisions stand in for KV events (KVS-001)
                 kv.index.record(route.worker_id, block_hashes(request.tokens(), kv.block_size))
 
+        def prepare(outgoing: Request, instance_id: int) -> Request:
+            """Transport fallback chose ``instance_id``: the decision follows it."""
+            if instance_id != route.worker_id and kv is not None and route.booking is not None:
+                route.booking.retarget(instance_id)
+                kv.index.record(instance_id, block_hashes(request.tokens(), kv.block_size))
+            return outgoing if self.prepare is None else self.prepare(outgoing, instance_id)
+
         async def send() -> MonitoredStream:
-            self._settle_affinity(route)
             stream = await self.router.dispatch_to(
-                request.request,
-                route.worker_id,
-                route.fallback,
-                route.permit,
-                self.prepare,
-                exclusions,
+                request.request, route.worker_id, route.fallback, route.permit, prepare, exclusions
             )
             admission.dispatched = True
+            self._settle_affinity(route, stream.instance_id)  # only a dispatch that happened
             return self.monitor_class(stream, admission, request.context, self.clock)
 
         try:
@@ -454,8 +494,8 @@ class RoutingHost:
                 route.pending.abandon()
             raise
 
-    def _settle_affinity(self, route: Route) -> None:
-        target = AffinityTarget(route.worker_id, route.dp_rank)
+    def _settle_affinity(self, route: Route, worker_id: int) -> None:
+        target = AffinityTarget(worker_id, route.dp_rank if worker_id == route.worker_id else 0)
         if route.pending is not None:
             route.pending.commit(target)  # AFF-005
         if route.follow_session is not None and self.affinity is not None:
@@ -465,5 +505,5 @@ class RoutingHost:
         if self.kv is None:
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
-                f"route {operation} needs the kv policy, not {self.policy.value} (KVS-005)",
+                f"route {operation} needs the kv policy, not {self.policy.value} (KVS-011)",
             )

@@ -1,0 +1,262 @@
+"""The reference's file discovery store as a ``DiscoveryTarget`` (Capability.DISCOVERY_STORE).
+
+A ``FileStore`` in a temporary directory, driven through the ``DiscoveryStore`` seam inside
+the target's ``TrioPortal``: each registered instance is a task holding
+``store.registration(instance)`` (a worker process), each watcher a task holding
+``store.watch(endpoint, on_added, on_removed)``. The instances' addresses name no server:
+these checks look at discovery only.
+
+**Time.** The store runs on two clocks. Its renewals and polls sleep on trio's clock, the
+portal's ``MockClock``, which moves only when asked; liveness compares file mtimes with the
+wall clock, since the directory is shared between processes. The suite cannot move the wall
+clock, so ``advance(s)`` moves the store's view of it instead: in steps no longer than the
+poll interval, it ages every record by the step less the real time that passed since the
+previous step (its mtime moves back by that much), then moves the mock clock by the step, so
+that the renewals and polls falling due run. A record's age is then the store time since its
+last renewal, give or take the real time of one step: a slow or loaded machine does not
+make a record look older than the check made it.
+
+**Killing.** ``lapse(id)`` leaves the record as a worker killed with SIGKILL leaves it: the
+content and mtime of its last renewal, and nobody renewing it. A trio task cannot skip its
+cleanup, so the adapter keeps a hard link to the record, lets the registration's task end
+(its exit deletes the record, as a clean exit does) and puts the link back. The mock clock
+does not move during the call, so no watcher polls in between.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import shutil
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import trio
+
+from routespec.discovery import Discovery, Instance
+from routespec.discovery_store import DiscoveryError, Registration
+from routespec.discovery_url import open_store
+from routespec.file_discovery import (
+    DEFAULT_TTL,
+    INSTANCES_BUCKET,
+    MIN_KEEP_ALIVE,
+    FileStore,
+    instances_dir,
+    record_path,
+    transport_path,
+    write_atomic,
+)
+from routespec.portal import TrioPortal
+from routespec.target import DiscoveryTiming, ListedInstance, StoredRecord
+
+POLL_INTERVAL = 0.2  # the file store's default: how often a watcher rescans the directory
+FIRST_PORT = 40_000  # the (unserved) port of the first instance's address
+
+
+@attrs.define
+class WorkerProcess:
+    """A registered instance and the task that keeps its registration open."""
+
+    instance: Instance
+    registration: Registration | None = None
+    stop: trio.Event = attrs.field(factory=trio.Event)
+    stopped: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define
+class Watcher:
+    discovery: Discovery | None = None
+    log: list[tuple[str, int]] = attrs.field(factory=list)
+
+    def added(self, instance_id: int) -> None:
+        self.log.append(("added", instance_id))
+
+    def removed(self, instance_id: int) -> None:
+        self.log.append(("removed", instance_id))
+
+
+class ReferenceDiscovery:
+    """The file store of one target; every call settles inside the target's portal."""
+
+    def __init__(self, portal: TrioPortal, seed: int, ttl: float = DEFAULT_TTL) -> None:
+        self._portal = portal
+        self._ids = random.Random(seed)
+        self._ports = itertools.count(FIRST_PORT)
+        self._workers: dict[int, WorkerProcess] = {}
+        self._endpoints: dict[int, str] = {}  # every id registered or put, by its endpoint
+        self._watchers: list[Watcher] = []
+        self._aged_at = time.monotonic()  # when records were last aged (real time)
+        self._root, self._nursery = portal.call(self._open)
+        self._store = FileStore(self._root, ttl, POLL_INTERVAL)
+        portal.call(self._store.check)
+
+    async def _open(self) -> tuple[Path, trio.Nursery]:
+        opened: tuple[Path, trio.Nursery] = await self._portal.nursery.start(self._own)
+        return opened
+
+    @staticmethod
+    async def _own(*, task_status: trio.TaskStatus[tuple[Path, trio.Nursery]]) -> None:
+        """Hold the directory and the store's tasks; when the portal closes, the tasks end
+        first (registrations withdraw), then the directory goes."""
+        with tempfile.TemporaryDirectory(prefix="routespec-discovery-") as root:
+            async with trio.open_nursery() as nursery:
+                task_status.started((Path(root), nursery))
+                await trio.sleep_forever()
+
+    def address(self) -> str:
+        return f"file:{self._root}"
+
+    def timing(self) -> DiscoveryTiming:
+        ttl = self._store.ttl
+        return DiscoveryTiming(ttl, max(ttl / 3, MIN_KEEP_ALIVE), self._store.poll_interval)
+
+    # worker processes
+
+    def register(self, endpoint: str, *, device: str = "cuda") -> int:
+        instance_id = self._fresh_id()
+        address = f"127.0.0.1:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
+        worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
+        self._workers[instance_id] = worker
+        self._endpoints[instance_id] = endpoint
+
+        async def start() -> None:
+            await self._nursery.start(self._run, worker)
+
+        self._portal.call(start)
+        return instance_id
+
+    def _fresh_id(self) -> int:
+        while (instance_id := self._ids.getrandbits(64)) in self._endpoints:
+            pass
+        return instance_id
+
+    async def _run(self, worker: WorkerProcess, *, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            async with self._store.registration(worker.instance) as registration:
+                worker.registration = registration
+                task_status.started()
+                await worker.stop.wait()
+        finally:
+            worker.stopped.set()
+
+    def withdraw(self, instance_id: int) -> None:
+        registration = self._workers[instance_id].registration
+        assert registration is not None
+        self._portal.call(registration.withdraw)
+
+    def lapse(self, instance_id: int) -> None:
+        worker = self._workers[instance_id]
+        path = self._path(instance_id)
+        aside = self._root / f"killed-{instance_id:x}"  # outside the instances directory
+
+        async def kill() -> None:
+            try:
+                os.link(path, aside)
+            except FileNotFoundError:
+                kept = False  # no record to leave behind (withdrawn, or lost)
+            else:
+                kept = True
+            worker.stop.set()
+            await worker.stopped.wait()
+            if kept:
+                os.replace(aside, path)
+
+        self._portal.call(kill)
+
+    def put_raw(self, endpoint: str, instance_id: int, value: bytes) -> None:
+        self._endpoints[instance_id] = endpoint
+        self._portal.call_sync(lambda: write_atomic(self._path(instance_id), value))
+
+    def lose_records(self) -> None:
+        self._portal.call_sync(lambda: shutil.rmtree(instances_dir(self._root), ignore_errors=True))
+
+    # watchers
+
+    def watch(self, endpoint: str) -> int:
+        watcher = Watcher()
+        self._watchers.append(watcher)
+
+        async def start() -> None:
+            await self._nursery.start(self._follow, endpoint, watcher)
+
+        self._portal.call(start)
+        return len(self._watchers) - 1
+
+    async def _follow(
+        self, endpoint: str, watcher: Watcher, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        async with self._store.watch(endpoint, watcher.added, watcher.removed) as discovery:
+            watcher.discovery = discovery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def listed(self, watcher: int) -> Mapping[int, ListedInstance]:
+        discovery = self._watchers[watcher].discovery
+        assert discovery is not None
+        listed: dict[int, ListedInstance] = {}
+        for instance_id in discovery.instance_ids():
+            instance = discovery.lookup(instance_id)
+            address = None if instance is None else instance.address
+            listed[instance_id] = ListedInstance(address, discovery.device_type(instance_id))
+        return listed
+
+    def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
+        return tuple(self._watchers[watcher].log)
+
+    # the store itself
+
+    def record(self, instance_id: int) -> StoredRecord | None:
+        if instance_id not in self._endpoints:
+            return None
+        path = self._path(instance_id)
+        try:
+            value = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return StoredRecord(f"{INSTANCES_BUCKET}/{urllib.parse.unquote(path.name)}", value)
+
+    def _path(self, instance_id: int) -> Path:
+        return record_path(self._root, self._endpoints[instance_id], instance_id)
+
+    def advance(self, seconds: float) -> None:
+        clock = self._portal.clock
+        assert clock is not None, "the store's time moves with the portal's mock clock"
+        remaining = seconds
+        while remaining > 1e-9:
+            step = min(remaining, self._store.poll_interval)
+
+            async def tick(step: float = step) -> None:
+                self._age(step)
+                clock.jump(step)
+
+            self._portal.call(tick)
+            remaining -= step
+
+    def _age(self, seconds: float) -> None:
+        """The wall clock, as the store reads it, moves on by ``seconds`` since the last call
+        (the real time since then is taken back)."""
+        now = time.monotonic()
+        shift = round((seconds - (now - self._aged_at)) * 1e9)
+        self._aged_at = now
+        try:
+            entries = list(os.scandir(instances_dir(self._root)))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            stat = entry.stat(follow_symlinks=False)
+            os.utime(entry.path, ns=(stat.st_atime_ns - shift, stat.st_mtime_ns - shift))
+
+    def refusal(self, address: str, ttl: float) -> str | None:
+        async def attempt() -> str | None:
+            try:
+                await open_store(address, ttl).check()
+            except DiscoveryError as refused:
+                return refused.field
+            return None
+
+        return self._portal.call(attempt)

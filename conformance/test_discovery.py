@@ -1,0 +1,452 @@
+"""Discovery (DSC): registration, withdrawal, liveness, Dynamo's records, malformed records,
+outages, refused stores, and what watchers list and report.
+
+Each check opens an empty store with ``target.open_discovery()`` and moves the store's time
+with ``advance``, in multiples of the periods the store declares (``timing()``). Time bounds
+are checked with a margin of one propagation delay on the safe side, so the few real
+milliseconds a check itself takes never decide it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+import pytest
+
+from conformance.checks import covers, require, requires
+from routespec.target import Capability, DiscoveryTarget, ListedInstance, Target
+
+STORE = Capability.DISCOVERY_STORE
+ENDPOINT = "dsc/backend/generate"
+SIBLING = "dsc/backend/clear_kv_blocks"  # same namespace and component
+ELSEWHERE = "other/backend/generate"  # same component and endpoint names
+RECORD_FIELDS = {
+    "type",
+    "namespace",
+    "component",
+    "endpoint",
+    "instance_id",
+    "transport",
+    "device_type",
+    "request_plane_codec",
+}
+DYNAMO_ENDPOINT = "wire/comp/generate"
+DYNAMO_ID = 5002337910100504539
+DYNAMO_ADDRESS = "127.0.0.1:41953/456bdfd36202afdb/wire/comp/generate"
+DYNAMO_RECORD = (
+    b'{"type":"Endpoint","component":"comp","endpoint":"generate","namespace":"wire",'
+    b'"instance_id":5002337910100504539,'
+    b'"transport":{"tcp":"127.0.0.1:41953/456bdfd36202afdb/wire/comp/generate"},'
+    b'"device_type":"cuda","request_plane_codec":"msgpack"}'
+)
+"""A record exactly as a Dynamo 1.6.1 worker wrote it to its file store."""
+
+
+def ids(store: DiscoveryTarget, watcher: int) -> set[int]:
+    return set(store.listed(watcher))
+
+
+def address_in_record(store: DiscoveryTarget, instance_id: int) -> str | None:
+    record = store.record(instance_id)
+    if record is None:
+        return None
+    transport = json.loads(record.value).get("transport")
+    return transport.get("tcp") if isinstance(transport, dict) else None
+
+
+# --- DSC-001 to DSC-003: who lists a registration, and from when ---
+
+
+@covers("DSC-001")
+@requires(STORE)
+def test_a_registration_reaches_its_endpoints_watchers(target: Target) -> None:
+    store = target.open_discovery()
+    watchers = [store.watch(ENDPOINT), store.watch(ENDPOINT)]
+    worker = store.register(ENDPOINT, device="cpu")
+    store.advance(store.timing().propagation)
+    expected = ListedInstance(address_in_record(store, worker), "cpu")
+    for watcher in watchers:
+        listed = store.listed(watcher)
+        require(
+            "DSC-001",
+            listed.get(worker) == expected and expected.address is not None,
+            f"watcher {watcher} lists {listed}; expected {worker:x} as {expected}",
+        )
+        require(
+            "DSC-001",
+            store.events(watcher) == (("added", worker),),
+            f"watcher {watcher} reported {store.events(watcher)}; expected {worker:x} added",
+        )
+
+
+@covers("DSC-002")
+@requires(STORE)
+def test_a_watcher_lists_only_its_own_endpoint(target: Target) -> None:
+    store = target.open_discovery()
+    endpoints = (ENDPOINT, SIBLING, ELSEWHERE)
+    before = {endpoint: store.register(endpoint) for endpoint in endpoints}
+    watchers = {endpoint: store.watch(endpoint) for endpoint in endpoints}
+    after = {endpoint: store.register(endpoint) for endpoint in endpoints}
+    store.advance(store.timing().propagation)
+    for endpoint, watcher in watchers.items():
+        require(
+            "DSC-002",
+            ids(store, watcher) == {before[endpoint], after[endpoint]},
+            f"the watcher of {endpoint} lists {sorted(ids(store, watcher))}; its endpoint's "
+            f"instances are {before[endpoint]}, {after[endpoint]} (all: {before}, {after})",
+        )
+
+
+@covers("DSC-003")
+@requires(STORE)
+def test_a_watcher_starts_from_what_is_registered(target: Target) -> None:
+    store = target.open_discovery()
+    first = store.register(ENDPOINT)
+    store.advance(2 * store.timing().renewal)
+    second = store.register(ENDPOINT)
+    watcher = store.watch(ENDPOINT)
+    require(
+        "DSC-003",
+        ids(store, watcher) == {first, second},
+        f"a watcher started after {first} and {second} registered first lists "
+        f"{sorted(ids(store, watcher))}",
+    )
+
+
+# --- DSC-004 to DSC-006: withdrawal, renewal, liveness ---
+
+
+@covers("DSC-004")
+@requires(STORE)
+def test_a_withdrawn_registration_is_gone_for_good(target: Target) -> None:
+    store = target.open_discovery()
+    timing = store.timing()
+    watcher = store.watch(ENDPOINT)
+    worker, other = store.register(ENDPOINT), store.register(ENDPOINT)
+    store.advance(timing.propagation)
+    store.withdraw(worker)
+    store.advance(timing.propagation)
+    require("DSC-004", store.record(worker) is None, f"{worker} withdrawn, its record is kept")
+    require(
+        "DSC-004",
+        ids(store, watcher) == {other},
+        f"after {worker} withdrew the watcher lists {sorted(ids(store, watcher))}",
+    )
+    expected = (("added", worker), ("added", other), ("removed", worker))
+    require(
+        "DSC-004",
+        sorted(store.events(watcher)) == sorted(expected)
+        and store.events(watcher)[-1] == expected[-1],
+        f"the watcher reported {store.events(watcher)}",
+    )
+    store.advance(2 * timing.ttl)  # the withdrawn process keeps running (it drains)
+    require(
+        "DSC-004",
+        ids(store, watcher) == {other} and store.record(worker) is None,
+        f"{2 * timing.ttl} s after withdrawing, {worker} is back: watcher lists "
+        f"{sorted(ids(store, watcher))}",
+    )
+
+
+@covers("DSC-005")
+@requires(STORE)
+def test_renewal_keeps_a_running_registration_alive(target: Target) -> None:
+    store = target.open_discovery()
+    timing = store.timing()
+    watcher = store.watch(ENDPOINT)
+    worker = store.register(ENDPOINT)
+    elapsed = 0.0
+    while elapsed < 3 * timing.ttl:
+        store.advance(timing.renewal / 2)
+        elapsed += timing.renewal / 2
+        require(
+            "DSC-005",
+            ids(store, watcher) == {worker} and store.record(worker) is not None,
+            f"{elapsed:.1f} s after registering, the running {worker} is not listed",
+        )
+    require(
+        "DSC-005",
+        store.events(watcher) == (("added", worker),),
+        f"the watcher reported {store.events(watcher)}",
+    )
+
+
+@covers("DSC-006")
+@requires(STORE)
+@pytest.mark.parametrize("renewed", [False, True], ids=["at-once", "after-renewals"])
+def test_a_killed_process_lapses_after_ttl_not_before(target: Target, renewed: bool) -> None:
+    store = target.open_discovery()
+    timing = store.timing()
+    delay = timing.propagation
+    watcher = store.watch(ENDPOINT)
+    killed, running = store.register(ENDPOINT), store.register(ENDPOINT)
+    store.advance(delay)
+    if renewed:
+        store.advance(2.5 * timing.renewal)
+    store.lapse(killed)
+    # the last renewal is at most this long before the kill: one renewal interval, or, if
+    # no renewal has happened yet, the time since the registration
+    since_renewal = timing.renewal if renewed else delay
+    hold = timing.ttl - since_renewal - delay  # a propagation delay short of the earliest expiry
+    store.advance(hold)
+    require(
+        "DSC-006",
+        ids(store, watcher) == {killed, running} and store.record(killed) is not None,
+        f"{hold:.2f} s after the kill, less than ttl ({timing.ttl} s) after the last renewal, "
+        f"the watcher lists {sorted(ids(store, watcher))}; {killed} should still be listed",
+    )
+    store.advance(timing.ttl + delay - hold)
+    require(
+        "DSC-006",
+        ids(store, watcher) == {running},
+        f"ttl + {delay} s after the kill the watcher lists {sorted(ids(store, watcher))}",
+    )
+    require("DSC-006", store.record(killed) is None, f"the record of {killed} is still stored")
+    require(
+        "DSC-006",
+        store.events(watcher)[-1] == ("removed", killed),
+        f"the watcher reported {store.events(watcher)}",
+    )
+
+
+# --- DSC-007, DSC-008: records ---
+
+
+@covers("DSC-007")
+@requires(STORE)
+def test_records_use_dynamos_key_layout_and_record(target: Target) -> None:
+    store = target.open_discovery()
+    worker = store.register(ENDPOINT, device="cpu")
+    record = store.record(worker)
+    require("DSC-007", record is not None, f"no record is stored for {worker}")
+    assert record is not None
+    key = f"v1/instances/{ENDPOINT}/{worker:x}"
+    require("DSC-007", record.key == key, f"stored under {record.key!r}; expected {key!r}")
+    document = json.loads(record.value)
+    namespace, component, endpoint = ENDPOINT.split("/")
+    require(
+        "DSC-007",
+        isinstance(document, dict) and set(document) == RECORD_FIELDS,
+        f"the record's fields are {sorted(document) if isinstance(document, dict) else document}",
+    )
+    expected = {
+        "type": "Endpoint",
+        "namespace": namespace,
+        "component": component,
+        "endpoint": endpoint,
+        "instance_id": worker,
+        "device_type": "cpu",
+    }
+    require(
+        "DSC-007",
+        {field: document[field] for field in expected} == expected
+        and type(document["instance_id"]) is int,
+        f"the record is {document}; expected {expected}",
+    )
+    transport = document["transport"]
+    address = transport.get("tcp") if isinstance(transport, dict) else None
+    require(
+        "DSC-007",
+        isinstance(transport, dict)
+        and set(transport) == {"tcp"}
+        and isinstance(address, str)
+        and re.fullmatch(rf"[^/]+:\d+/{worker:x}/{re.escape(ENDPOINT)}", address) is not None,
+        f"transport is {transport}; expected {{'tcp': 'host:port/{worker:x}/{ENDPOINT}'}}",
+    )
+    require(
+        "DSC-007",
+        document["request_plane_codec"] in ("msgpack", "json"),
+        f"request_plane_codec is {document['request_plane_codec']!r}",
+    )
+    store.put_raw(DYNAMO_ENDPOINT, DYNAMO_ID, DYNAMO_RECORD)
+    watcher = store.watch(DYNAMO_ENDPOINT)
+    listed = store.listed(watcher)
+    require(
+        "DSC-007",
+        listed == {DYNAMO_ID: ListedInstance(DYNAMO_ADDRESS, "cuda")},
+        f"Dynamo's record is listed as {listed}",
+    )
+
+
+def _record(**changes: object) -> bytes:
+    """A well-formed record of instance 0xBAD under ``ENDPOINT``, with ``changes``."""
+    namespace, component, endpoint = ENDPOINT.split("/")
+    document = {
+        "type": "Endpoint",
+        "component": component,
+        "endpoint": endpoint,
+        "namespace": namespace,
+        "instance_id": 0xBAD,
+        "transport": {"tcp": f"127.0.0.1:1/bad/{ENDPOINT}"},
+        "device_type": "cuda",
+        "request_plane_codec": "msgpack",
+        **changes,
+    }
+    return json.dumps(document).encode()
+
+
+MALFORMED: dict[str, bytes] = {
+    "empty": b"",
+    "not-json": b"\x00not json",
+    "not-utf-8": b"\xff\xfe\x00",
+    "too-deep": b"[" * 100_000,
+    "an-array": b"[1, 2]",
+    "another-type": _record(type="Model"),
+    "no-type": json.dumps({"instance_id": 0xBAD}).encode(),
+    "empty-name": _record(namespace=""),
+    "slash-in-a-name": _record(component="back/end"),
+    "a-name-not-a-string": _record(endpoint=7),
+    "id-a-string": _record(instance_id="2989"),
+    "id-negative": _record(instance_id=-2989),
+    "id-a-boolean": _record(instance_id=True),
+    "no-tcp-transport": _record(transport={"nats_tcp": f"127.0.0.1:1/bad/{ENDPOINT}"}),
+    "tcp-without-a-path": _record(transport={"tcp": "127.0.0.1:1"}),
+    "transport-a-string": _record(transport="127.0.0.1:1/bad"),
+    "device-type-not-a-string": _record(device_type=0),
+    "codec-not-a-string": _record(request_plane_codec=None),
+}
+
+
+@covers("DSC-008")
+@requires(STORE)
+@pytest.mark.parametrize("value", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_malformed_records_are_skipped(target: Target, value: bytes) -> None:
+    store = target.open_discovery()
+    early = store.watch(ENDPOINT)
+    worker = store.register(ENDPOINT)
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))  # another process's record
+    store.put_raw(ENDPOINT, 0xBAD, value)
+    store.advance(store.timing().propagation)
+    late = store.watch(ENDPOINT)
+    for watcher in (early, late):
+        require(
+            "DSC-008",
+            ids(store, watcher) == {worker, 0x600D},
+            f"watcher {watcher} lists {sorted(map(hex, ids(store, watcher)))}; expected "
+            f"{worker:#x} and 0x600d, and not the malformed 0xbad",
+        )
+
+
+# --- DSC-009, DSC-010: outages ---
+
+
+@covers("DSC-009", "DSC-010")
+@requires(STORE)
+def test_a_store_that_lost_its_records_is_repopulated(target: Target) -> None:
+    store = target.open_discovery()
+    timing = store.timing()
+    watcher = store.watch(ENDPOINT)
+    worker = store.register(ENDPOINT)
+    store.advance(timing.propagation)
+    store.lose_records()
+    store.advance(timing.renewal + timing.propagation)
+    require(
+        "DSC-009",
+        ids(store, watcher) == {worker} and store.record(worker) is not None,
+        f"a renewal interval after the store lost its records, the running {worker} is not "
+        f"listed again (the watcher lists {sorted(ids(store, watcher))})",
+    )
+    newcomer = store.register(ENDPOINT)
+    store.advance(timing.propagation)
+    require(
+        "DSC-010",
+        ids(store, watcher) == {worker, newcomer},
+        f"after the loss the watcher lists {sorted(ids(store, watcher))}; {newcomer} "
+        f"registered since",
+    )
+
+
+# --- DSC-011: refused stores ---
+
+OWN_STORE = "<the target's own store>"
+REFUSED = [
+    ("", 10.0, "--discovery"),
+    ("nats:localhost:4222", 10.0, "--discovery"),
+    ("file:", 10.0, "--discovery"),
+    ("etcd:", 10.0, "--discovery"),
+    ("etcd:ftp://127.0.0.1:2379", 10.0, "--discovery"),
+    ("etcd:http://", 10.0, "--discovery"),
+    ("file:/dev/null", 10.0, "--discovery"),  # a file where the directory should be
+    ("etcd:http://127.0.0.1:1", 10.0, "--discovery"),  # nothing answers there
+    (OWN_STORE, 0.0, "--ttl"),
+    (OWN_STORE, -1.0, "--ttl"),
+]
+
+
+@covers("DSC-011")
+@requires(STORE)
+@pytest.mark.parametrize(("address", "ttl", "argument"), REFUSED)
+def test_an_unusable_store_is_refused_naming_its_argument(
+    target: Target, address: str, ttl: float, argument: str
+) -> None:
+    store = target.open_discovery()
+    usable = store.refusal(store.address(), 10.0)
+    require("DSC-011", usable is None, f"the usable {store.address()} is refused ({usable})")
+    if address == OWN_STORE:
+        address = store.address()
+    named = store.refusal(address, ttl)
+    require(
+        "DSC-011",
+        named == argument,
+        f"opening {address!r} with ttl {ttl} named {named!r}; expected a refusal naming {argument}",
+    )
+
+
+# --- DSC-012: reports and lists ---
+
+
+@covers("DSC-012")
+@requires(STORE)
+def test_a_watchers_reports_agree_with_its_list(target: Target) -> None:
+    store = target.open_discovery()
+    timing = store.timing()
+    first_reads: dict[int, set[int]] = {}
+
+    def watch() -> None:
+        watcher = store.watch(ENDPOINT)
+        first_reads[watcher] = ids(store, watcher)
+
+    def agree(step: str) -> None:
+        for watcher, first in first_reads.items():
+            last: dict[int, str] = {}
+            for kind, instance_id in store.events(watcher):
+                last[instance_id] = kind
+            replayed = (first | {i for i, kind in last.items() if kind == "added"}) - {
+                i for i, kind in last.items() if kind == "removed"
+            }
+            require(
+                "DSC-012",
+                ids(store, watcher) == replayed,
+                f"after {step}: watcher {watcher} lists {sorted(ids(store, watcher))}; its "
+                f"first read {sorted(first)} and reports {store.events(watcher)} give "
+                f"{sorted(replayed)}",
+            )
+
+    steps: list[tuple[str, Callable[[], object]]] = []
+    workers: list[int] = []
+    steps += [
+        ("a watcher starts", watch),
+        ("three registrations", lambda: workers.extend(store.register(ENDPOINT) for _ in "abc")),
+        ("a propagation delay", lambda: store.advance(timing.propagation)),
+        ("a second watcher starts", watch),
+        ("a withdrawal", lambda: store.withdraw(workers[0])),
+        ("a kill", lambda: store.lapse(workers[1])),
+        ("a propagation delay", lambda: store.advance(timing.propagation)),
+        ("a third watcher starts", watch),
+        ("ttl", lambda: store.advance(timing.ttl)),
+        ("the store loses its records", store.lose_records),
+        ("a registration", lambda: workers.append(store.register(ENDPOINT))),
+        ("a propagation delay", lambda: store.advance(timing.propagation)),
+        ("a renewal interval", lambda: store.advance(timing.renewal)),
+    ]
+    for step, act in steps:
+        act()
+        agree(step)
+    first = min(first_reads)
+    require(
+        "DSC-012",
+        ids(store, first) == {workers[2], workers[3]},
+        f"the first watcher ends with {sorted(ids(store, first))}; expected {workers[2:]}",
+    )
