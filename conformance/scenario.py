@@ -63,6 +63,16 @@ def shows_outer(error: ObservedError | None, label: str) -> bool:
     return error.error_class == oracle.classify([label])[0]
 
 
+def tokens(outcome: Outcome) -> list[int]:
+    """The token ids of a token request's items, in order."""
+    return [
+        token
+        for item in outcome.items
+        if isinstance(item, dict) and isinstance(item.get("token_ids"), list)
+        for token in item["token_ids"]
+    ]
+
+
 def loads(target: Target) -> dict[int, int]:
     return {worker: count for worker, count in target.occupancy().items() if count}
 

@@ -12,7 +12,7 @@ import pytest
 from conformance.checks import covers, require, requires
 from conformance.host import ended, host_of, planned, workers
 from conformance.plugin import OpenTarget
-from conformance.scenario import reached
+from conformance.scenario import reached, tokens
 from routespec.target import (
     CancelThenFail,
     Capability,
@@ -36,15 +36,6 @@ HOST = Capability.ROUTING_HOST
 UNKNOWN = 9_999
 STEADY = TargetConfig(fault_detection=False)
 """No fault detection: a failure does not inhibit the only worker a scenario goes on using."""
-
-
-def tokens(outcome: Outcome) -> list[int]:
-    return [
-        token
-        for item in outcome.items
-        if isinstance(item, dict) and isinstance(item.get("token_ids"), list)
-        for token in item["token_ids"]
-    ]
 
 
 def failed_with(outcome: Outcome, label: str, message: str | None = None) -> bool:

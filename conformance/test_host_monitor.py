@@ -15,7 +15,7 @@ import pytest
 from conformance.checks import covers, require, requires
 from conformance.host import ended, host_of, workers
 from conformance.plugin import OpenTarget
-from conformance.scenario import reached, shows
+from conformance.scenario import reached, shows, tokens
 from routespec.target import (
     CancelThenFail,
     Capability,
@@ -51,15 +51,6 @@ STEADY = TargetConfig(fault_detection=False)
 def finishes(outcome: Outcome) -> list[object]:
     """Each item's finish reason, in order (None for a plain data item)."""
     return [item.get("finish_reason") if isinstance(item, dict) else item for item in outcome.items]
-
-
-def tokens(outcome: Outcome) -> list[int]:
-    return [
-        token
-        for item in outcome.items
-        if isinstance(item, dict) and isinstance(item.get("token_ids"), list)
-        for token in item["token_ids"]
-    ]
 
 
 def booked(host: RoutingHostTarget) -> dict[int, int]:

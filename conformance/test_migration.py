@@ -10,7 +10,7 @@ import pytest
 
 from conformance import oracle
 from conformance.checks import covers, require, requires
-from conformance.scenario import finished, loads, reached, spec_of
+from conformance.scenario import finished, loads, reached, spec_of, tokens
 from routespec.target import (
     CancelThenFail,
     Capability,
@@ -32,14 +32,6 @@ OTHER_TYPES = sorted(
     for label in oracle.TYPE_LABELS
     if label not in oracle.MIGRATABLE_TYPES and label not in oracle.MIGRATION_SENSITIVE_TYPES
 )
-
-
-def tokens(outcome: Outcome) -> list[int]:
-    found: list[int] = []
-    for item in outcome.items:
-        if isinstance(item, dict) and isinstance(item.get("token_ids"), list):
-            found.extend(item["token_ids"])
-    return found
 
 
 def deliveries(target: Target, request: str) -> list[int]:

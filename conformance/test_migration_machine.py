@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 
 from conformance import oracle
 from conformance.checks import covers, require, requires
-from conformance.scenario import MODE_CAPABILITY
+from conformance.scenario import MODE_CAPABILITY, tokens
 from routespec.target import (
     Adapter,
     CancelThenFail,
@@ -30,7 +30,6 @@ from routespec.target import (
     FailBeforeStream,
     FailMidStream,
     Migrate,
-    Outcome,
     Reject,
     Serve,
     Target,
@@ -66,15 +65,6 @@ def visible_failure(script: WorkerScript) -> tuple[str | None, ...] | None:
     if isinstance(script, FailMidStream | CancelThenFail):
         return tuple(link.type for link in script.error.chain())
     return None
-
-
-def tokens(outcome: Outcome) -> list[int]:
-    return [
-        token
-        for item in outcome.items
-        if isinstance(item, dict) and isinstance(item.get("token_ids"), list)
-        for token in item["token_ids"]
-    ]
 
 
 class MigrationMachine(RuleBasedStateMachine):
