@@ -1,7 +1,9 @@
 """Benchmark: the in-process PushRouter's cost per dispatch, against calling the worker directly.
 
 Both sides run in the same trio run on the same scripted workers, so the difference is the
-router (selection, resolution, overload check, permits, fault-detection wrapping). Prints JSON.
+router (selection, resolution, overload check, permits, fault-detection wrapping). The
+routing host's policies (round-robin, and KV over 64-token prompts sharing a prefix) run in
+the same run, so their cost over the bare router reads off directly. Prints JSON.
 
     python -m bench.dispatch [--requests N]
 """
@@ -9,6 +11,7 @@ router (selection, resolution, overload check, permits, fault-detection wrapping
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -17,6 +20,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from routespec.discovery import Instance, MemoryDiscovery
+from routespec.host.request import HostRequest
+from routespec.host.routing_host import RoutingHost, WorkerConfig
 from routespec.in_process import InProcessDispatch
 from routespec.push_router import PushRouter
 from routespec.scripted import ScriptedWorker
@@ -26,6 +31,8 @@ from routespec.target import Delivery, Serve
 
 ENDPOINT = "bench/router/generate"
 WORKERS = 4
+HOST_POLICIES = (RouterMode.ROUND_ROBIN, RouterMode.KV)
+PREFIX = list(range(63))  # with one varying token: 64-token prompts, 4 KV blocks
 
 
 async def _measure(requests: int, one: Callable[[int], Awaitable[int]]) -> dict[str, float]:
@@ -69,10 +76,23 @@ async def _run(requests: int) -> dict[str, object]:
             stream = await router.generate(Request(f"r{n}", None), mode)
             return len([item async for item in stream])
 
+        hosts = {mode: RoutingHost.create(router, mode) for mode in HOST_POLICIES}
+        for host in hosts.values():
+            host.worker_configs.update({w.worker_id: WorkerConfig() for w in workers})
+
+        async def hosted(n: int, host: RoutingHost, items: int = stream_items) -> int:
+            prompt = {"token_ids": [*PREFIX, n % 16], "max_tokens": items}
+            stream = await host.generate(HostRequest(Request(f"h{n}", prompt)))
+            return len([item async for item in stream])
+
         results[f"{stream_items}_item"] = {
             "baseline_direct_call": await _measure(requests, baseline),
             "round_robin": await _measure(requests, lambda n: routed(n, RouterMode.ROUND_ROBIN)),
             "least_loaded": await _measure(requests, lambda n: routed(n, RouterMode.LEAST_LOADED)),
+            **{
+                f"host_{mode.value}": await _measure(requests, functools.partial(hosted, host=host))
+                for mode, host in hosts.items()
+            },
         }
         log.clear()
     return results
