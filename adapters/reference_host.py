@@ -168,7 +168,7 @@ class ReferenceHost:
         return self._portal.call(run)
 
     def dispatch_plan(self, plan_id: int, *, stop_first: bool = False) -> str:
-        plan = self._plans.pop(plan_id)
+        plan = self._plans[plan_id]
         assert isinstance(plan, RoutePlan), f"plan {plan_id} is a preview, not a plan"
 
         async def dispatch(request: Request) -> ItemStream:
@@ -182,10 +182,18 @@ class ReferenceHost:
 
         return self._start(dispatch)
 
-    def abort_plan(self, plan_id: int) -> None:
-        plan = self._plans.pop(plan_id)
+    def abort_plan(self, plan_id: int) -> ObservedError | None:
+        plan = self._plans[plan_id]
         assert isinstance(plan, RoutePlan), f"plan {plan_id} is a preview, not a plan"
-        self._portal.call_sync(lambda: self.host.abort_plan(plan))
+
+        async def abort() -> ObservedError | None:
+            try:
+                self.host.abort_plan(plan)
+            except RoutingError as failure:
+                return self._observe(failure)
+            return None
+
+        return self._portal.call(abort)
 
     def prefill_busy(self, route: HostRoute, threshold: float) -> bool:
         async def probe() -> bool:

@@ -543,3 +543,73 @@ def test_the_prefill_busy_probe_answers_from_bookings(target: Target) -> None:
         f"threshold 1 over two workers: idle, one booked, both booked, none free should read "
         f"[False, False, True, True]; read {answers}",
     )
+
+
+@covers("KVS-013")
+@requires(HOST, Capability.SCRIPT_STALL, Capability.VANISH_WORKER, Capability.REMOVE_WORKER)
+def test_a_kv_decision_follows_transport_fallback(target: Target) -> None:
+    pool = workers(target, 3)
+    host = host_of(target, "KVS-013", HostConfig(policy="kv", block_size=4))
+    prompt = HostRoute(tokens=tuple(range(8)))
+    (cached,) = reached(target, host.route(prompt))  # now strictly the cheapest for it
+    fallback = min(w for w in pool if w != cached)  # where transport fallback goes first
+    target.vanish_worker(cached)  # still listed, so still selected; its transport is gone
+    for worker in pool:
+        target.script_worker(worker, Stall(0))
+    went = reached(target, host.route(prompt))
+    booked = host.bookings()
+    target.release_stalled(fallback)
+    target.remove_worker(cached)
+    again = [planned(host.preview(prompt), "KVS-013").worker_id for _ in range(8)]
+    require(
+        "KVS-013",
+        went == [fallback] and booked == {fallback: 1} and again == [fallback] * 8,
+        f"{cached} was selected but its transport is gone, so fallback sent the request to "
+        f"{fallback} (reached {went}): the booking should sit there (bookings {booked}) and "
+        f"the prompt's blocks be credited to it, so later previews pick it (they picked "
+        f"{again})",
+    )
+
+
+@covers("KVS-014")
+@requires(HOST)
+def test_the_kv_policy_selects_only_workers_it_knows(target: Target) -> None:
+    unseen, known = workers(target, 2)
+    host = host_of(target, "KVS-014", HostConfig(policy="kv"))
+    host.forget_worker_config(unseen)
+    went = [w for n in range(6) for w in reached(target, host.route(HostRoute(tokens=(n,))))]
+    require(
+        "KVS-014",
+        went == [known] * 6,
+        f"worker {unseen}'s configuration is unseen; every request should reach {known}, "
+        f"they reached {went}",
+    )
+
+
+@covers("KVS-015")
+@requires(HOST)
+@pytest.mark.parametrize("first", ["dispatch", "abort"])
+def test_a_plan_is_used_once(target: Target, first: str) -> None:
+    workers(target, 1)
+    host = host_of(target, "KVS-015", HostConfig(policy="kv"))
+    plan = planned(host.plan(planned(host.preview(HostRoute()), "KVS-015").plan_id), "KVS-015")
+    if first == "dispatch":
+        host.dispatch_plan(plan.plan_id)
+    else:
+        host.abort_plan(plan.plan_id)
+    counters, bookings = host.counters(), host.bookings()
+    aborted = host.abort_plan(plan.plan_id)
+    redispatched = target.outcome(host.dispatch_plan(plan.plan_id))
+    require(
+        "KVS-015",
+        aborted is not None
+        and aborted.type == "InvalidArgument"
+        and redispatched is not None
+        and redispatched.error is not None
+        and redispatched.error.type == "InvalidArgument"
+        and host.counters() == counters
+        and host.bookings() == bookings,
+        f"after the plan's {first}, a second abort gave {aborted} and a second dispatch "
+        f"{redispatched}; counters {counters} -> {host.counters()}, bookings {bookings} -> "
+        f"{host.bookings()}",
+    )

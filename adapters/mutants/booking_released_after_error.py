@@ -24,13 +24,17 @@ VIOLATES = ("MON-002",)
 @attrs.define
 class DeferredAdmission:
     inner: Admission
+    released: bool = False
 
     def release(self, *, completed: bool) -> None:
         if completed:
+            self.released = True
             self.inner.release(completed=True)
 
     def release_now(self) -> None:
-        self.inner.release(completed=False)
+        if not self.released:
+            self.released = True
+            self.inner.release(completed=False)
 
 
 class LateReleaseMonitor(MonitoredStream):

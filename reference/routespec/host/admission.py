@@ -16,12 +16,11 @@ class RequestCounters:
 
 @attrs.define(eq=False)
 class HostAdmission:
-    """What one admitted request holds: bookings and estimates, released exactly once."""
+    """What one admitted request holds: bookings and estimates, released together."""
 
     counters: RequestCounters
     releases: list[Callable[[], None]] = attrs.field(factory=list)
     dispatched: bool = False
-    _open: bool = True
 
     def count_started(self) -> None:
         """Called once per admission; it stays counted even if the request never reaches
@@ -29,9 +28,7 @@ class HostAdmission:
         self.counters.started += 1
 
     def release(self, *, completed: bool) -> None:
-        if not self._open:
-            return
-        self._open = False
+        """Called exactly once, when the request ends (its stream, or a failure before it)."""
         for release in self.releases:
             release()
         if completed and self.dispatched:

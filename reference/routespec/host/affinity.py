@@ -100,14 +100,20 @@ class AffinityCoordinator:
         while True:
             binding = self._live(session_id)
             if binding is None:
-                self._make_room()
-                self._bindings[session_id] = _Binding(None, float("inf"))
-                return Initialize(self, session_id)
+                return self.initialize(session_id)
             if binding.target is None:
                 await binding.settled.wait()
                 continue
             binding.expires_at = self.clock() + self.ttl  # a use refreshes the TTL
             return Bound(session_id, binding.target)
+
+    def initialize(self, session_id: str) -> Initialize:
+        """Start initializing a session known to be unbound, without waiting: a request
+        whose stale binding it has just invalidated chooses the new target (AFF-009)."""
+        assert self._live(session_id) is None, f"session {session_id} is still bound"
+        self._make_room()
+        self._bindings[session_id] = _Binding(None, float("inf"))
+        return Initialize(self, session_id)
 
     def query_target(self, session_id: str) -> AffinityTarget | None:
         binding = self._live(session_id)

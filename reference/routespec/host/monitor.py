@@ -35,7 +35,7 @@ def classify_item(item: Annotated) -> ItemClass:
 
 class Admission(Protocol):
     def release(self, *, completed: bool) -> None:
-        """Idempotent: the first call ends the request's booking and counts it."""
+        """Ends the request's bookings and counts it; the monitor calls it exactly once."""
         ...
 
 

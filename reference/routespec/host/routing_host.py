@@ -88,7 +88,7 @@ class RoutePlan:
     route: Route
     budget: CleanupBudget
     admission: HostAdmission
-    settled: bool = False  # dispatched or aborted: a plan is used once
+    settled: bool = False  # dispatched or aborted: a plan is used once (KVS-015)
 
     def settle(self, operation: str) -> None:
         if self.settled:
@@ -295,14 +295,7 @@ class RoutingHost:
             if route is not None:
                 return route
             if self.affinity_mode is AffinityMode.HARD and self.affinity is not None:
-                assert request.session_id is not None  # AFF-009: the stale binding is gone
-                reacquired = await self.affinity.acquire(request.session_id)
-                if isinstance(reacquired, Bound):  # another request rebound it meanwhile
-                    route = await self._bound_route(request, reacquired, exclusions)
-                    if route is not None:
-                        return route
-                else:
-                    pending = reacquired
+                pending = self.affinity.initialize(acquired.session_id)  # AFF-009: select anew
         try:
             return self._select_unpinned(request, acquired, pending, exclusions)
         except BaseException:
@@ -395,7 +388,7 @@ class RoutingHost:
         allowed = request.hints.allowed_worker_ids
         config = self.worker_configs.get(worker_id)
         if self.kv is not None and config is None:
-            return False
+            return False  # KVS-014
         taints = WorkerConfig().taints if config is None else config.taints
         return (allowed is None or worker_id in allowed) and request.hints.required_taints <= taints
 
@@ -471,7 +464,7 @@ class RoutingHost:
                 kv.index.record(route.worker_id, block_hashes(request.tokens(), kv.block_size))
 
         def prepare(outgoing: Request, instance_id: int) -> Request:
-            """Transport fallback chose ``instance_id``: the decision follows it."""
+            """Transport fallback chose ``instance_id``: the decision follows it (KVS-013)."""
             if instance_id != route.worker_id and kv is not None and route.booking is not None:
                 route.booking.retarget(instance_id)
                 kv.index.record(instance_id, block_hashes(request.tokens(), kv.block_size))
