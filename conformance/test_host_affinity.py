@@ -619,6 +619,21 @@ def test_a_binding_to_a_removed_worker_is_rebound_within_the_request(target: Tar
 
 
 @covers("AFF-009")
+@requires(Capability.ROUTING_HOST, Capability.REMOVE_WORKER, Capability.MARK_OVERLOADED)
+def test_a_failed_reselection_leaves_the_session_unbound(target: Target) -> None:
+    bound, spare = workers(target, 2, Serve())
+    host = host_of(target, "AFF-009", hard())
+    host.bind_session("s", bound)
+    target.remove_worker(bound)
+    target.mark_overloaded(spare, True)
+    refused(target, host.route(HostRoute(session="s")), "AFF-009", "no free worker to rebind")
+    unbound(host, "s", "AFF-009", "the stale binding went and no new target was chosen")
+    target.mark_overloaded(spare, False)
+    went = served(target, host.route(HostRoute(session="s")), "AFF-009", "a worker is free")
+    require("AFF-009", went == [spare], f"the session's next request went to {went}")
+
+
+@covers("AFF-009")
 @requires(Capability.ROUTING_HOST)
 @pytest.mark.parametrize("policy", ["round-robin", "kv"])
 def test_a_binding_to_a_stale_dp_rank_is_rebound_within_the_request(
