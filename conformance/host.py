@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conformance.checks import RequirementViolation
-from conformance.scenario import finished, reached
+from conformance.checks import RequirementViolation, require
+from conformance.scenario import finished, reached, shows_outer
 from routespec.target import (
     HostConfig,
     ObservedError,
@@ -21,6 +21,16 @@ def host_of(target: Target, requirement: str, config: HostConfig) -> RoutingHost
     if isinstance(built, ObservedError):
         raise RequirementViolation(requirement, f"building a host {config} failed: {built}")
     return built
+
+
+def refused_at_construction(target: Target, requirement: str, config: HostConfig, why: str) -> None:
+    """Building a host with ``config`` must fail with ``InvalidArgument``."""
+    built = target.open_host(config)
+    require(
+        requirement,
+        isinstance(built, ObservedError) and shows_outer(built, "InvalidArgument"),
+        f"{why}: a host {config} should be refused with InvalidArgument, got {built}",
+    )
 
 
 def workers(target: Target, count: int, script: WorkerScript | None = None) -> list[int]:

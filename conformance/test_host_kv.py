@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conformance.checks import covers, require, requires
-from conformance.host import ended, host_of, planned, workers
+from conformance.host import ended, host_of, planned, refused_at_construction, workers
 from conformance.plugin import OpenTarget
 from conformance.scenario import reached
 from routespec.target import (
@@ -499,12 +499,7 @@ def test_a_plan_draws_on_its_preview_budget(target: Target) -> None:
     ids=["block-size-0", "negative-temperature"],
 )
 def test_kv_settings_are_checked_at_construction(target: Target, config: HostConfig) -> None:
-    built = target.open_host(config)
-    require(
-        "KVS-010",
-        isinstance(built, ObservedError) and built.type == "InvalidArgument",
-        f"{config} should be refused with InvalidArgument, got {built}",
-    )
+    refused_at_construction(target, "KVS-010", config, "its KV settings are out of range")
 
 
 @covers("KVS-011")
