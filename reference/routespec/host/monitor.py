@@ -107,8 +107,9 @@ class MonitoredStream:
     async def _read(self) -> Annotated:
         if self._context.stopped:
             raise _Stopped
-        draining = self._withheld is not None and self._deadline is not None
-        deadline = self._deadline if draining and self._deadline is not None else float("inf")
+        deadline = float("inf")
+        if self._withheld is not None and self._deadline is not None:  # draining
+            deadline = self._deadline
         with trio.CancelScope(deadline=deadline) as scope:
             self._context.listen(scope.cancel)
             try:

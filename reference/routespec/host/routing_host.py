@@ -392,14 +392,18 @@ class RoutingHost:
         taints = WorkerConfig().taints if config is None else config.taints
         return (allowed is None or worker_id in allowed) and request.hints.required_taints <= taints
 
-    def _candidates(self, request: HostRequest, exclusions: Exclusions | None) -> list[int]:
-        """Free workers the request may use (constraints are never widened: AFF-011)."""
+    def _usable(self, request: HostRequest, worker_ids: Sequence[int]) -> list[int]:
+        """The workers of ``worker_ids`` the request's constraints and LoRA set allow."""
         lora_set = self._lora_set(request)
-        found = [
+        return [
             w
-            for w in self.router.worker_sets.free_ids()
+            for w in worker_ids
             if self._eligible(request, w) and (lora_set is None or w in lora_set)
         ]
+
+    def _candidates(self, request: HostRequest, exclusions: Exclusions | None) -> list[int]:
+        """Free workers the request may use (constraints are never widened: AFF-011)."""
+        found = self._usable(request, self.router.worker_sets.free_ids())
         return found if exclusions is None else exclusions.eligible(found)
 
     def _require_candidates(
@@ -407,16 +411,10 @@ class RoutingHost:
     ) -> None:
         if candidates:
             return
-        sets = self.router.worker_sets
-        lora_set = self._lora_set(request)
-        routable = [
-            w
-            for w in sets.routable_ids()
-            if self._eligible(request, w) and (lora_set is None or w in lora_set)
-        ]
+        routable = self._usable(request, self.router.worker_sets.routable_ids())
         if exclusions and not exclusions.eligible(routable):
             raise exclusions.exhausted()  # MIG-012, AFF-011
-        if lora_set is not None:
+        if self._lora_set(request) is not None:
             if not routable:
                 raise RoutingError(
                     ErrorKind.UNAVAILABLE, "No workers available after LoRA filtering"
