@@ -15,18 +15,18 @@ from pathlib import Path
 
 import attrs
 
-from adapters.dynamo.client_target import (
+from routespec.adapters.dynamo.client_target import (
     DynamoClientTarget,
     DynamoRuntimeAdapter,
     with_request_ids,
 )
-from adapters.dynamo.expectations import load_expectations
-from routespec.discovery import Instance
-from routespec.file_discovery import FileRegistration, random_instance_id, transport_path
-from routespec.portal import TrioPortal
-from routespec.scripted import ScriptedWorker
-from routespec.target import Capability, Delivery, Outcome, WorkerScript
-from routespec.transport.drill_server import DrillWorkerServer
+from routespec.adapters.dynamo.expectations import load_expectations
+from routespec.discovery.file_store import FileRegistration, random_instance_id, transport_path
+from routespec.discovery.instances import Instance
+from routespec.testing.drill_server import DrillWorkerServer
+from routespec.testing.portal import TrioPortal
+from routespec.testing.scripted import ScriptedWorker
+from routespec.testing.target import Capability, Delivery, Outcome, WorkerScript
 
 ENDPOINT = "routespec/conformance/generate"
 EXPECTATIONS = Path(__file__).with_name("dynamo_wire_expectations.toml")

@@ -12,27 +12,25 @@ from typing import Protocol
 import attrs
 import trio
 
-from adapters.reference_discovery import ReferenceDiscovery
-from adapters.reference_host import ReferenceHost, build_host
-from routespec.discovery import Instance, MemoryDiscovery
+from routespec.adapters.reference_discovery import ReferenceDiscovery
+from routespec.adapters.reference_host import ReferenceHost, build_host
+from routespec.discovery.instances import Instance, MemoryDiscovery
 from routespec.errors import RoutingError, bound_message, error_chain, parse_type_label, type_label
 from routespec.errors import match_error_chain as reference_match_error_chain
 from routespec.host.routing_host import RoutingHost
-from routespec.in_process import InProcessDispatch
 from routespec.migration import Migration
-from routespec.portal import TrioPortal
-from routespec.push_router import PushRouter
-from routespec.retained_dispatch import GuardedDispatch
-from routespec.scripted import PREPARED_FOR, ScriptedWorker, build_error
-from routespec.selection import RouterMode
-from routespec.streaming import (
+from routespec.routing.push_router import PushRouter
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import (
     InflightGauge,
     ItemStream,
     Request,
     RequestStream,
     StreamingDispatch,
 )
-from routespec.target import (
+from routespec.testing.portal import TrioPortal
+from routespec.testing.scripted import PREPARED_FOR, ScriptedWorker, build_error
+from routespec.testing.target import (
     Bidirectional,
     Call,
     Capability,
@@ -53,6 +51,8 @@ from routespec.target import (
     WorkerScript,
     WorkerSetsView,
 )
+from routespec.transport.first_response_guard import GuardedDispatch
+from routespec.transport.in_process import InProcessDispatch
 
 ENDPOINT = "routespec/conformance/generate"
 

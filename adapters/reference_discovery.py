@@ -38,10 +38,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from routespec.discovery import Discovery, Instance
-from routespec.discovery_store import DiscoveryError, Registration
-from routespec.discovery_url import open_store
-from routespec.file_discovery import (
+from routespec.discovery.file_store import (
     DEFAULT_TTL,
     INSTANCES_BUCKET,
     MIN_KEEP_ALIVE,
@@ -51,8 +48,11 @@ from routespec.file_discovery import (
     transport_path,
     write_atomic,
 )
-from routespec.portal import TrioPortal
-from routespec.target import DiscoveryTiming, ListedInstance, StoredRecord
+from routespec.discovery.instances import Discovery, Instance
+from routespec.discovery.store import DiscoveryError, Registration
+from routespec.discovery.url import open_store
+from routespec.testing.portal import TrioPortal
+from routespec.testing.target import DiscoveryTiming, ListedInstance, StoredRecord
 
 POLL_INTERVAL = 0.2  # the file store's default: how often a watcher rescans the directory
 FIRST_PORT = 40_000  # the (unserved) port of the first instance's address

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 
 from routespec.errors import ErrorKind, RoutingError
-from routespec.exclusions import Exclusions
 from routespec.host.affinity import AffinityCoordinator, AffinityMode, AffinityTarget, Initialize
 from routespec.host.kv import KvScheduler
 from routespec.host.lora import LoraFilter
@@ -22,11 +21,12 @@ from routespec.host.routing_host import (
     WorkerInput,
 )
 from routespec.migration import Migration
-from routespec.portal import TrioPortal
-from routespec.push_router import Prepare, PushRouter
-from routespec.selection import RouterMode
-from routespec.streaming import ItemStream, Request
-from routespec.target import (
+from routespec.routing.exclusions import Exclusions
+from routespec.routing.push_router import Prepare, PushRouter
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import ItemStream, Request
+from routespec.testing.portal import TrioPortal
+from routespec.testing.target import (
     HostConfig,
     HostRoute,
     HostView,

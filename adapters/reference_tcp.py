@@ -2,7 +2,7 @@
 TCP server on 127.0.0.1 speaking Dynamo 1.6.1's wire.
 
 Workers run in the portal's trio run, except those started with ``add_worker_process``: each
-of those is a separate OS process (``routespec.transport.drill_process``) that a check can
+of those is a separate OS process (``routespec.testing.drill_process``) that a check can
 kill with SIGKILL. The parent follows such a process through the reports it prints on stdout,
 waiting for them in real time, since the portal's clock is a mock that only moves on request.
 """
@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterator
 import attrs
 import trio
 
-from adapters.reference import ENDPOINT, Cluster, ReferenceAdapter
-from routespec.portal import TrioPortal
-from routespec.scripted import ScriptedWorker
-from routespec.streaming import InflightGauge
-from routespec.target import Capability, Delivery, WorkerScript
-from routespec.transport import drill_process
-from routespec.transport.drill_server import DrillWorkerServer
+from routespec.adapters.reference import ENDPOINT, Cluster, ReferenceAdapter
+from routespec.routing.streaming import InflightGauge
+from routespec.testing import drill_process
+from routespec.testing.drill_server import DrillWorkerServer
+from routespec.testing.portal import TrioPortal
+from routespec.testing.scripted import ScriptedWorker
+from routespec.testing.target import Capability, Delivery, WorkerScript
+from routespec.transport.connection import LOOPBACK
 from routespec.transport.tcp_dispatch import TcpDispatch
-from routespec.transport.worker_server import LOOPBACK
 
 PROCESS_WAIT = 20.0
 """Real seconds to wait for a worker process to start, to report on a request, or to exit."""

@@ -19,15 +19,15 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from routespec.discovery import Instance, MemoryDiscovery
+from routespec.discovery.instances import Instance, MemoryDiscovery
 from routespec.host.request import HostRequest
 from routespec.host.routing_host import RoutingHost, WorkerConfig
-from routespec.in_process import InProcessDispatch
-from routespec.push_router import PushRouter
-from routespec.scripted import ScriptedWorker
-from routespec.selection import RouterMode
-from routespec.streaming import Request
-from routespec.target import Delivery, Serve
+from routespec.routing.push_router import PushRouter
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import Request
+from routespec.testing.scripted import ScriptedWorker
+from routespec.testing.target import Delivery, Serve
+from routespec.transport.in_process import InProcessDispatch
 
 ENDPOINT = "bench/router/generate"
 WORKERS = 4

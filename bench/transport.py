@@ -26,12 +26,13 @@ from pathlib import Path
 import msgpack
 import trio
 
-from routespec.discovery import Instance, MemoryDiscovery
-from routespec.push_router import PushRouter
-from routespec.selection import RouterMode
-from routespec.streaming import Rejection, Request
+from routespec.discovery.instances import Instance, MemoryDiscovery
+from routespec.routing.push_router import PushRouter
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import Rejection, Request
+from routespec.transport.connection import LOOPBACK
 from routespec.transport.tcp_dispatch import TcpDispatch
-from routespec.transport.worker_server import LOOPBACK, WorkerServer
+from routespec.transport.worker_server import WorkerServer
 
 ENDPOINT = "bench/transport/generate"
 PATH = "generate"

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-from routespec.target import Capability
+from routespec.testing.target import Capability
 
 F = TypeVar("F", bound=Callable[..., object])
 

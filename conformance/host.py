@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conformance.checks import RequirementViolation, require
-from conformance.scenario import finished, reached, shows_outer
-from routespec.target import (
+from routespec.conformance.checks import RequirementViolation, require
+from routespec.conformance.scenario import finished, reached, shows_outer
+from routespec.testing.target import (
     HostConfig,
     ObservedError,
     Outcome,

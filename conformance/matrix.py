@@ -1,6 +1,7 @@
 """Render several adapters' JSON conformance reports as one docs page.
 
-``python -m conformance.matrix REPORT.json [REPORT.json ...] --output docs/matrix.md`` writes
+``python -m routespec.conformance.matrix REPORT.json [REPORT.json ...] --output docs/matrix.md``
+writes
 a Markdown table: a row per requirement (linked to its block in the rendered spec), a column
 per report in the order given, each cell that adapter's verdict. The page carries no
 timestamps, so the same reports always give the same page.
@@ -17,8 +18,8 @@ from typing import Any
 
 import attrs
 
-from conformance.plugin import RESULT_ORDER, CheckResult
-from conformance.registry import Requirement, load_requirements
+from routespec.conformance.plugin import RESULT_ORDER, CheckResult
+from routespec.conformance.registry import Requirement, load_requirements
 
 DEFAULT_OUTPUT = Path("docs/matrix.md")
 # Where docs/hooks.py publishes spec/*.md in the site, relative to docs/matrix.md.
@@ -87,8 +88,9 @@ def render(
         "the requirement. The last row counts the verdicts per adapter.",
         "",
         "Regenerate it from the reports of `--conformance-report` runs:",
-        "`python -m conformance.matrix reports/reference.json … --output docs/matrix.md`. It",
-        "holds no run times, so the same reports give the same page.",
+        "`python -m routespec.conformance.matrix reports/reference.json …",
+        "--output docs/matrix.md`.",
+        "It holds no run times, so the same reports give the same page.",
         "",
     ]
     lines += [f"- `{r.adapter}`: Hypothesis profile `{r.profile}`" for r in reports]
@@ -143,7 +145,9 @@ def _counts(tally: Mapping[str, int]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: read the reports, write the page."""
-    parser = argparse.ArgumentParser(prog="python -m conformance.matrix", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m routespec.conformance.matrix", description=__doc__
+    )
     parser.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, metavar="PATH")
     parser.add_argument(

@@ -12,8 +12,8 @@ import math
 
 import attrs
 
-from conformance import oracle
-from routespec.target import (
+from routespec.conformance import oracle
+from routespec.testing.target import (
     Call,
     Direct,
     DirectWithin,

@@ -19,10 +19,10 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import seed_map
-from conformance.checks import RequirementViolation, take_evidence
-from conformance.registry import Requirement, SpecFormatError, load_requirements
-from routespec.target import Adapter, Target, TargetConfig
+from routespec.conformance import seed_map
+from routespec.conformance.checks import RequirementViolation, take_evidence
+from routespec.conformance.registry import Requirement, SpecFormatError, load_requirements
+from routespec.testing.target import Adapter, Target, TargetConfig
 
 settings.register_profile(
     "default",
@@ -73,10 +73,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def load_adapter(spec: str) -> Adapter:
-    """``reference`` -> adapters.reference:ADAPTER; ``pkg.mod:attr`` -> that attribute."""
+    """``reference`` -> routespec.adapters.reference:ADAPTER; ``pkg.mod:attr`` -> that attribute."""
     module_name, _, attribute = spec.partition(":")
     if not attribute:
-        module_name, attribute = "adapters." + spec.replace("-", "_"), "ADAPTER"
+        module_name, attribute = "routespec.adapters." + spec.replace("-", "_"), "ADAPTER"
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:

@@ -4,16 +4,19 @@ and the static maps from requirement IDs to checks and to reference code."""
 from __future__ import annotations
 
 import ast
+import importlib.resources
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import attrs
 
-ROOT = Path(__file__).resolve().parent.parent
-SPEC_DIR = ROOT / "spec"
-CONFORMANCE_DIR = ROOT / "conformance"
-REFERENCE_DIR = ROOT / "reference" / "routespec"
+# Read through the installed package, so a wheel and a checkout give the same registry.
+SPEC_DIR = Path(str(importlib.resources.files("routespec.spec")))
+CONFORMANCE_DIR = Path(__file__).resolve().parent
+REFERENCE_DIR = Path(str(importlib.resources.files("routespec")))
+# The kit's parts inside the package (in a wheel) that are not the reference implementation.
+KIT_PACKAGES = frozenset({"testing", "conformance", "adapters", "spec"})
 
 ID_PATTERN = r"[A-Z]{2,4}-\d{3}"
 _HEADING = re.compile(rf"^### (?P<id>{ID_PATTERN}) · (?P<title>.+?) \{{ #(?P<anchor>\S+) \}}$")
@@ -127,7 +130,7 @@ def scan_checks(conformance_dir: Path = CONFORMANCE_DIR) -> list[CheckCitation]:
                 continue
             ids = tuple(i for decorator in node.decorator_list for i in _covered_ids(decorator))
             if ids:
-                name = f"{module.relative_to(ROOT).as_posix()}::{node.name}"
+                name = f"conformance/{module.name}::{node.name}"
                 citations.append(CheckCitation(name, ids))
     return citations
 
@@ -151,9 +154,12 @@ def scan_implementations(reference_dir: Path = REFERENCE_DIR) -> Mapping[str, li
     """Where the reference code names each requirement ID: ``{id: ["path:line", ...]}``."""
     places: dict[str, list[str]] = {}
     for source in sorted(reference_dir.rglob("*.py")):
+        relative = source.relative_to(reference_dir)
+        if relative.parts[0] in KIT_PACKAGES:
+            continue
         for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
             for found in _ID_ANYWHERE.findall(line):
                 places.setdefault(found, []).append(
-                    f"{source.relative_to(ROOT).as_posix()}:{number}"
+                    f"reference/routespec/{relative.as_posix()}:{number}"
                 )
     return places

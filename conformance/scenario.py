@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from conformance import oracle
-from conformance.checks import RequirementViolation
-from routespec.target import Capability, ErrorSpec, ObservedError, Outcome, Target
+from routespec.conformance import oracle
+from routespec.conformance.checks import RequirementViolation
+from routespec.testing.target import Capability, ErrorSpec, ObservedError, Outcome, Target
 
 MODE_CAPABILITY = {
     "round-robin": Capability.ROUND_ROBIN,

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from conformance.registry import (
+from routespec.conformance.registry import (
     CONFORMANCE_DIR,
     SPEC_DIR,
     CheckCitation,

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from conformance.checks import covers, require, requires
-from routespec.target import Capability, DiscoveryTarget, ListedInstance, Target
+from routespec.conformance.checks import covers, require, requires
+from routespec.testing.target import Capability, DiscoveryTarget, ListedInstance, Target
 
 STORE = Capability.DISCOVERY_STORE
 ENDPOINT = "dsc/backend/generate"

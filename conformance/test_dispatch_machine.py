@@ -17,10 +17,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from conformance import oracle
-from conformance.checks import covers, exercised, require
-from conformance.model import BUILTIN_MODES, REFUSED_MODES, Expected, RouterModel, WorkerModel
-from routespec.target import (
+from routespec.conformance import oracle
+from routespec.conformance.checks import covers, exercised, require
+from routespec.conformance.model import (
+    BUILTIN_MODES,
+    REFUSED_MODES,
+    Expected,
+    RouterModel,
+    WorkerModel,
+)
+from routespec.testing.target import (
     Adapter,
     Bidirectional,
     Call,

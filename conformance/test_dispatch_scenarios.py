@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
-from conformance import oracle
-from conformance.checks import covers, require, requires
-from conformance.scenario import (
+from routespec.conformance import oracle
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import (
     BUILTIN_MODES,
     MODE_CAPABILITY,
     OCCUPANCY_MODES,
@@ -23,7 +23,7 @@ from conformance.scenario import (
     shows,
     shows_outer,
 )
-from routespec.target import (
+from routespec.testing.target import (
     Call,
     Capability,
     Direct,

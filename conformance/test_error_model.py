@@ -1,7 +1,8 @@
 """The error model (ERR): chain matching, classification and message bounds, as properties.
 
 Each property compares the target's error model (``match_error_chain``, ``classify``,
-``bounded_message``) with ``conformance.oracle``, an independent statement of spec/errors.md.
+``bounded_message``) with ``routespec.conformance.oracle``, an independent statement of
+spec/errors.md.
 One target is opened per check and the property runs inside it (the error model is pure, so
 examples may share it).
 """
@@ -13,10 +14,10 @@ from collections.abc import Sequence
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conformance import oracle
-from conformance.checks import covers, require, requires
-from conformance.scenario import spec_of
-from routespec.target import (
+from routespec.conformance import oracle
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import spec_of
+from routespec.testing.target import (
     Adapter,
     Capability,
     Direct,

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from conformance import oracle
-from conformance.checks import RequirementViolation, covers, require, requires
-from conformance.plugin import OpenTarget
-from conformance.scenario import finished, reached, shows, spec_of
-from routespec.target import (
+from routespec.conformance import oracle
+from routespec.conformance.checks import RequirementViolation, covers, require, requires
+from routespec.conformance.plugin import OpenTarget
+from routespec.conformance.scenario import finished, reached, shows, spec_of
+from routespec.testing.target import (
     Capability,
     Direct,
     ErrorSpec,

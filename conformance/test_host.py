@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks import covers, require, requires
-from conformance.host import ended, host_of, planned, refused_at_construction, workers
-from conformance.plugin import OpenTarget
-from conformance.scenario import reached, tokens
-from routespec.target import (
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
+from routespec.conformance.plugin import OpenTarget
+from routespec.conformance.scenario import reached, tokens
+from routespec.testing.target import (
     CancelThenFail,
     Capability,
     ErrorSpec,

@@ -11,10 +11,10 @@ import re
 
 import pytest
 
-from conformance.checks import covers, require, requires
-from conformance.host import ended, host_of, planned, refused_at_construction, workers
-from conformance.scenario import MODE_CAPABILITY, finished, reached, shows
-from routespec.target import (
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
+from routespec.conformance.scenario import MODE_CAPABILITY, finished, reached, shows
+from routespec.testing.target import (
     Capability,
     ErrorSpec,
     FailBeforeStream,

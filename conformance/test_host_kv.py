@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.checks import covers, require, requires
-from conformance.host import ended, host_of, planned, refused_at_construction, workers
-from conformance.plugin import OpenTarget
-from conformance.scenario import reached
-from routespec.target import (
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
+from routespec.conformance.plugin import OpenTarget
+from routespec.conformance.scenario import reached
+from routespec.testing.target import (
     Capability,
     ErrorSpec,
     FailBeforeStream,

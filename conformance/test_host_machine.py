@@ -21,9 +21,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from conformance.checks import covers, require, requires
-from conformance.scenario import MODE_CAPABILITY
-from routespec.target import (
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import MODE_CAPABILITY
+from routespec.testing.target import (
     Adapter,
     CancelThenFail,
     Capability,

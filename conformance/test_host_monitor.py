@@ -12,11 +12,11 @@ from collections.abc import Mapping
 
 import pytest
 
-from conformance.checks import covers, require, requires
-from conformance.host import ended, host_of, workers
-from conformance.plugin import OpenTarget
-from conformance.scenario import reached, shows, tokens
-from routespec.target import (
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.host import ended, host_of, workers
+from routespec.conformance.plugin import OpenTarget
+from routespec.conformance.scenario import reached, shows, tokens
+from routespec.testing.target import (
     CancelThenFail,
     Capability,
     ErrorSpec,

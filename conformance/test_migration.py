@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import oracle
-from conformance.checks import covers, require, requires
-from conformance.scenario import finished, loads, reached, spec_of, tokens
-from routespec.target import (
+from routespec.conformance import oracle
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import finished, loads, reached, spec_of, tokens
+from routespec.testing.target import (
     CancelThenFail,
     Capability,
     ErrorSpec,

@@ -19,10 +19,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from conformance import oracle
-from conformance.checks import covers, require, requires
-from conformance.scenario import MODE_CAPABILITY, tokens
-from routespec.target import (
+from routespec.conformance import oracle
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import MODE_CAPABILITY, tokens
+from routespec.testing.target import (
     Adapter,
     CancelThenFail,
     Capability,

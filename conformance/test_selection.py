@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from conformance.checks import RequirementViolation, covers, require, requires
-from conformance.plugin import OpenTarget
-from conformance.scenario import (
+from routespec.conformance.checks import RequirementViolation, covers, require, requires
+from routespec.conformance.plugin import OpenTarget
+from routespec.conformance.scenario import (
     BUILTIN_MODES,
     OCCUPANCY_MODES,
     finished,
@@ -21,7 +21,7 @@ from conformance.scenario import (
     reached,
     shows_outer,
 )
-from routespec.target import (
+from routespec.testing.target import (
     Capability,
     Generate,
     Preselected,

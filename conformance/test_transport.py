@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance import oracle
-from conformance.checks import covers, require, requires
-from conformance.scenario import (
+from routespec.conformance import oracle
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import (
     MODE_CAPABILITY,
     finished,
     reached,
@@ -23,7 +23,7 @@ from conformance.scenario import (
     shows_outer,
     spec_of,
 )
-from routespec.target import (
+from routespec.testing.target import (
     Adapter,
     Bidirectional,
     Capability,

@@ -3,15 +3,15 @@
 
 The spec stays where it is (``spec/`` at the repository root, outside ``docs_dir``); this hook
 adds each page to the site as a generated file, and builds the requirement index from the
-project's own registry (``conformance.registry``), the same code the conformance suite uses.
-``seed003.md`` is the upstream suite's coverage table, rendered by ``conformance.seed_map``.
+project's own registry (``routespec.conformance.registry``), the same code the conformance
+suite uses. ``seed003.md`` is the upstream suite's coverage table, rendered by
+``routespec.conformance.seed_map``.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -22,7 +22,7 @@ from mkdocs.livereload import LiveReloadServer
 from mkdocs.structure.files import File, Files
 
 if TYPE_CHECKING:
-    from conformance.registry import CheckCitation, Requirement
+    from routespec.conformance.registry import CheckCitation, Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / "spec"
@@ -37,10 +37,8 @@ _PAGE_TITLE = re.compile(r"^# (?P<title>.+?)(?: \(`[A-Z]{2,4}`(?:, `[A-Z]{2,4}`)
 
 
 def _conformance(module: str) -> ModuleType:
-    """``conformance.<module>``, importable once the repository root is on ``sys.path``."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module(f"conformance.{module}")
+    """``routespec.conformance.<module>`` (the docs build runs with routespec installed)."""
+    return importlib.import_module(f"routespec.conformance.{module}")
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:

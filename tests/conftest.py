@@ -11,9 +11,9 @@ import attrs
 import pytest
 import trio
 
-from routespec.discovery_store import DiscoveryStore
-from routespec.discovery_url import open_store
-from routespec.file_discovery import FileStore
+from routespec.discovery.file_store import FileStore
+from routespec.discovery.store import DiscoveryStore
+from routespec.discovery.url import open_store
 from tests.etcd_server import EtcdServer, running_etcd
 
 

@@ -106,7 +106,7 @@ def start_worker(
         "--endpoint",
         endpoint,
         "--handler",
-        "routespec.demo:tokens",
+        "routespec.deploy.demo:tokens",
         "--discovery",
         spec,
         *extra,

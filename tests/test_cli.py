@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from routespec.cli.main import main
+from routespec.deploy.cli.main import main
 from tests.conftest import Backend
 from tests.etcd_server import free_port
 from tests.processes import Command, commands, start, start_worker

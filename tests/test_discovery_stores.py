@@ -15,11 +15,11 @@ import httpx
 import pytest
 import trio
 
-from routespec.discovery import Discovery, Instance
-from routespec.discovery_store import DiscoveryError
-from routespec.discovery_url import open_store
-from routespec.etcd_discovery import EtcdStore, etcd_key
-from routespec.file_discovery import decode_record, encode_record, transport_path
+from routespec.discovery.etcd_store import EtcdStore, etcd_key
+from routespec.discovery.file_store import decode_record, encode_record, transport_path
+from routespec.discovery.instances import Discovery, Instance
+from routespec.discovery.store import DiscoveryError
+from routespec.discovery.url import open_store
 from tests.conftest import Backend
 from tests.etcd_server import EtcdServer, free_port
 from tests.processes import commands, start_worker

@@ -23,16 +23,16 @@ from typing import Any
 import pytest
 import trio
 
-from routespec.discovery import Instance
-from routespec.errors import BackendKind, ErrorKind, RoutingError, chain_types
-from routespec.file_discovery import (
+from routespec.discovery.file_store import (
     FileDiscovery,
     FileRegistration,
     random_instance_id,
     transport_path,
 )
-from routespec.push_router import PushRouter
-from routespec.streaming import Annotated, Rejection, RejectionKind, Request
+from routespec.discovery.instances import Instance
+from routespec.errors import BackendKind, ErrorKind, RoutingError, chain_types
+from routespec.routing.push_router import PushRouter
+from routespec.routing.streaming import Annotated, Rejection, RejectionKind, Request
 from routespec.transport.tcp_dispatch import TcpDispatch
 from routespec.transport.worker_server import WorkerServer
 

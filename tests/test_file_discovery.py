@@ -12,8 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from routespec.discovery import Instance
-from routespec.file_discovery import (
+from routespec.discovery.file_store import (
     DEFAULT_TTL,
     FileDiscovery,
     FileRegistration,
@@ -25,6 +24,7 @@ from routespec.file_discovery import (
     record_path,
     transport_path,
 )
+from routespec.discovery.instances import Instance
 
 ENDPOINT = "wire/comp/generate"
 DYNAMO_RECORD = (

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from conformance.matrix import Report, main, render
-from conformance.registry import Requirement
+from routespec.conformance.matrix import Report, main, render
+from routespec.conformance.registry import Requirement
 
 REQUIREMENTS = {
     rid: Requirement(rid, f"title {rid}", level, status, "statement", "rationale", page)

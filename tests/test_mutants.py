@@ -23,7 +23,9 @@ def test_there_are_mutants() -> None:
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_mutant_is_rejected_on_its_requirement(mutant: str, tmp_path: Path) -> None:
-    violates: tuple[str, ...] = importlib.import_module(f"adapters.mutants.{mutant}").VIOLATES
+    violates: tuple[str, ...] = importlib.import_module(
+        f"routespec.adapters.mutants.{mutant}"
+    ).VIOLATES
     report = tmp_path / "report.json"
     completed = subprocess.run(
         [

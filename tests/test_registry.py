@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.registry import (
+from routespec.conformance.registry import (
     SpecFormatError,
     load_requirements,
     scan_checks,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.registry import ROOT, CheckCitation, Requirement, load_requirements
-from conformance.seed_map import (
+from routespec.conformance.registry import CheckCitation, Requirement, load_requirements
+from routespec.conformance.seed_map import (
     SEED_MAP,
     SeedMapError,
     SeedTest,
@@ -20,7 +20,7 @@ from conformance.seed_map import (
 
 REQUIREMENTS = load_requirements()
 # The seed lives next to the repository in the project's workspace; CI clones elsewhere.
-SEEDS = sorted((ROOT.parent / "shared" / "seeds").glob("003_*.txt"))
+SEEDS = sorted((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("003_*.txt"))
 _TEST_FN = re.compile(r"^#\[(?:tokio::)?test(?:\(.*\))?\]\s*$")
 _FN = re.compile(r"^\s*(?:pub\s+)?(?:async\s+)?fn\s+(?P<name>\w+)")
 

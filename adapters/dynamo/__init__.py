@@ -1,6 +1,6 @@
 """Adapter ``dynamo`` (the real runtime through its Python bindings) and the pieces it shares
 with ``dynamo-wire``."""
 
-from adapters.dynamo.bindings import ADAPTER
+from routespec.adapters.dynamo.bindings import ADAPTER
 
 __all__ = ["ADAPTER"]

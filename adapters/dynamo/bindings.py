@@ -20,9 +20,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from adapters.dynamo.client_target import DynamoClientTarget, DynamoRuntimeAdapter
-from adapters.dynamo.driver import WAIT_LIMIT, dynamo_environment
-from routespec.target import (
+from routespec.adapters.dynamo.client_target import DynamoClientTarget, DynamoRuntimeAdapter
+from routespec.adapters.dynamo.driver import WAIT_LIMIT, dynamo_environment
+from routespec.testing.target import (
     Capability,
     Delivery,
     Serve,
@@ -34,14 +34,20 @@ ENDPOINT = "routespec.conformance.generate"
 
 
 class WorkerProcess:
-    """One ``adapters.dynamo.worker_process`` and what it reports."""
+    """One ``routespec.adapters.dynamo.worker_process`` and what it reports."""
 
     def __init__(self, target: DynamoTarget, worker_id: int, store: Path) -> None:
         self.worker_id = worker_id
         self._target = target
         self._log = (store / f"worker-{worker_id}.log").open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "adapters.dynamo.worker_process", ENDPOINT, str(worker_id)],
+            [
+                sys.executable,
+                "-m",
+                "routespec.adapters.dynamo.worker_process",
+                ENDPOINT,
+                str(worker_id),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

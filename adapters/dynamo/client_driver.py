@@ -1,6 +1,6 @@
 """A real Dynamo 1.6.1 client, driven over stdin/stdout with JSON lines.
 
-``python -m adapters.dynamo.client_driver ns.comp.endpoint`` (with ``DYN_FILE_KV`` and the
+``python -m routespec.adapters.dynamo.client_driver ns.comp.endpoint`` (with ``DYN_FILE_KV`` and the
 loopback host variables set) opens a ``DistributedRuntime`` with file discovery and the TCP
 request plane, then answers commands, one JSON object per line:
 

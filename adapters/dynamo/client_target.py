@@ -17,8 +17,8 @@ from typing import Protocol
 
 import attrs
 
-from adapters.dynamo.driver import ClientDriver
-from routespec.target import (
+from routespec.adapters.dynamo.driver import ClientDriver
+from routespec.testing.target import (
     Call,
     Capability,
     Delivery,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from routespec.target import ObservedError, Outcome
+from routespec.testing.target import ObservedError, Outcome
 
 WAIT_LIMIT = 20.0
 """Seconds of real time any single wait may take before the adapter gives up."""
@@ -53,12 +53,12 @@ def observed_error(error: Mapping[str, object], *, pre_stream: bool) -> Observed
 
 
 class ClientDriver:
-    """Runs ``adapters.dynamo.client_driver`` and collects what it reports."""
+    """Runs ``routespec.adapters.dynamo.client_driver`` and collects what it reports."""
 
     def __init__(self, endpoint: str, store: Path) -> None:
         self._log = (store / "client.log").open("w")  # Dynamo's route spans, for debugging
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "adapters.dynamo.client_driver", endpoint],
+            [sys.executable, "-m", "routespec.adapters.dynamo.client_driver", endpoint],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

@@ -1,6 +1,7 @@
 """A real Dynamo 1.6.1 worker whose Python handler follows the suite's worker scripts.
 
-``python -m adapters.dynamo.worker_process ns.comp.endpoint WORKER_ID`` serves the endpoint
+``python -m routespec.adapters.dynamo.worker_process ns.comp.endpoint WORKER_ID`` serves the
+endpoint
 with ``serve_endpoint`` and speaks JSON lines: it prints ``{"op": "ready", "instance_id": N}``,
 then ``{"op": "delivered", "rid": ID}`` for every request and ``{"op": "stalled", "rid": ID}``
 when a stall script waits; it reads ``{"op": "script", "script": {...}}`` (``serve`` or

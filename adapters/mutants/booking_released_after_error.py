@@ -12,11 +12,11 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from adapters.reference import ReferenceAdapter
+from routespec.adapters.reference import ReferenceAdapter
 from routespec.host.monitor import Admission, MonitoredStream
 from routespec.host.request import RequestContext
 from routespec.host.routing_host import RoutingHost
-from routespec.streaming import ItemStream
+from routespec.routing.streaming import ItemStream
 
 VIOLATES = ("MON-002",)
 

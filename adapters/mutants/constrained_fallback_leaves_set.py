@@ -6,9 +6,9 @@ allowed list) and reaches the first free worker other than the target. It must f
 
 from __future__ import annotations
 
-from adapters.reference import ReferenceAdapter
-from routespec.push_router import ALLOW, Prepare, PushRouter, RouterStream
-from routespec.streaming import Request
+from routespec.adapters.reference import ReferenceAdapter
+from routespec.routing.push_router import ALLOW, Prepare, PushRouter, RouterStream
+from routespec.routing.streaming import Request
 
 VIOLATES = ("DSP-006",)
 

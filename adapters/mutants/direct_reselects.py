@@ -5,9 +5,9 @@ This is the behaviour upstream PR #10429 removed. It must fail DSP-001 (and DSP-
 
 from __future__ import annotations
 
-from adapters.reference import ReferenceAdapter
-from routespec.push_router import ALLOW, Prepare, PushRouter, RouterStream
-from routespec.streaming import Request
+from routespec.adapters.reference import ReferenceAdapter
+from routespec.routing.push_router import ALLOW, Prepare, PushRouter, RouterStream
+from routespec.routing.streaming import Request
 
 VIOLATES = ("DSP-001", "DSP-002")
 

@@ -7,7 +7,7 @@ fail MON-004.
 
 from __future__ import annotations
 
-from adapters.reference import ReferenceAdapter
+from routespec.adapters.reference import ReferenceAdapter
 from routespec.host.monitor import MonitoredStream
 from routespec.host.routing_host import RoutingHost
 

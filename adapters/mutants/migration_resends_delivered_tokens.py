@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from adapters.reference import ReferenceAdapter
+from routespec.adapters.reference import ReferenceAdapter
 from routespec.migration import Migration
 
 VIOLATES = ("MIG-009",)

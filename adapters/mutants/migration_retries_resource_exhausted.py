@@ -6,7 +6,7 @@ fail MIG-001.
 
 from __future__ import annotations
 
-from adapters.reference import ReferenceAdapter
+from routespec.adapters.reference import ReferenceAdapter
 from routespec.errors import ErrorKind, RoutingError, match_error_chain
 from routespec.migration import BLOCKING_TYPES, MIGRATABLE_TYPES, Migration
 

@@ -6,9 +6,9 @@ CannotConnect). It must fail DSP-003.
 
 from __future__ import annotations
 
-from adapters.reference import ReferenceAdapter
-from routespec.discovery import Instance
-from routespec.push_router import PushRouter, TransportFallback
+from routespec.adapters.reference import ReferenceAdapter
+from routespec.discovery.instances import Instance
+from routespec.routing.push_router import PushRouter, TransportFallback
 
 VIOLATES = ("DSP-003",)
 

@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import attrs
 
-from adapters.reference import ReferenceAdapter
+from routespec.adapters.reference import ReferenceAdapter
 from routespec.errors import RoutingError
-from routespec.occupancy import Permit
-from routespec.push_router import PushRouter, RouterStream
-from routespec.streaming import Annotated, ItemStream
+from routespec.routing.occupancy import Permit
+from routespec.routing.push_router import PushRouter, RouterStream
+from routespec.routing.streaming import Annotated, ItemStream
 
 VIOLATES = ("DSP-011",)
 

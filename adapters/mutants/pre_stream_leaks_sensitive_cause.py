@@ -11,11 +11,11 @@ TRN-005 stays PASS; only TRN-006 is listed.
 
 from __future__ import annotations
 
-from adapters.reference import Cluster, InProcessCluster, ReferenceAdapter
+from routespec.adapters.reference import Cluster, InProcessCluster, ReferenceAdapter
 from routespec.errors import ErrorKind, RoutingError
-from routespec.in_process import InProcessDispatch
-from routespec.portal import TrioPortal
-from routespec.streaming import PRE_STREAM_FAILURE
+from routespec.routing.streaming import PRE_STREAM_FAILURE
+from routespec.testing.portal import TrioPortal
+from routespec.transport.in_process import InProcessDispatch
 
 VIOLATES = ("TRN-006",)
 

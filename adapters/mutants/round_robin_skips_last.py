@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from adapters.reference import ReferenceAdapter
-from routespec.occupancy import Permit
-from routespec.push_router import PushRouter
-from routespec.selection import RouterMode, Selector
+from routespec.adapters.reference import ReferenceAdapter
+from routespec.routing.occupancy import Permit
+from routespec.routing.push_router import PushRouter
+from routespec.routing.selection import RouterMode, Selector
 
 VIOLATES = ("SEL-006",)
 

@@ -6,12 +6,12 @@ worker never releases them (NVBugs 5969206). It must fail HST-013.
 
 from __future__ import annotations
 
-from adapters.reference import ReferenceAdapter
-from routespec.exclusions import Exclusions
+from routespec.adapters.reference import ReferenceAdapter
 from routespec.host.budget import cancelled
 from routespec.host.monitor import MonitoredStream
 from routespec.host.request import HostRequest
 from routespec.host.routing_host import RoutingHost
+from routespec.routing.exclusions import Exclusions
 
 VIOLATES = ("HST-013",)
 

@@ -1,14 +1,18 @@
 """routespec: the reference implementation of the routespec routing, transport and migration spec.
 
-Modules follow the spec's layers, each importing only those above it in this list:
-``errors`` (ERR) -> ``discovery`` / ``worker_sets`` (SET) -> ``occupancy`` / ``selection`` (SEL)
--> ``streaming`` / ``fault_detection`` / ``push_router`` (DSP, FLT) -> ``in_process`` /
-``scripted`` and the ``transport`` package (TRN: Dynamo 1.6.1's TCP wire, the final hop)
--> ``exclusions`` / ``migration`` (MIG).
-``target`` is the public protocol the conformance suite drives.
+The spec's layers are its packages, each importing only those before it in this list
+(tests/test_layers.py enforces it): ``errors`` (ERR) -> ``discovery`` (instances and the
+stores that publish them, DSC) -> ``routing`` (worker sets, occupancy, selection, fault
+detection, exclusions, the streaming seam and the PushRouter: SET, SEL, DSP, FLT) ->
+``transport`` (in process, and Dynamo 1.6.1's TCP wire: TRN) -> ``migration`` (MIG) -> ``host``
+(the routing host: HST, AFF, MON, KVS) -> ``deploy`` (the command line, metrics, a demo).
+
+``testing`` holds what exists to test a target (the target protocol, the portal, scripted and
+drill workers), ``conformance`` the suite and its pytest plugin, ``adapters`` the shipped
+adapters, and ``spec`` the normative Markdown the suite's registry is derived from.
 """
 
-from routespec.discovery import Discovery, Instance, MemoryDiscovery
+from routespec.discovery.instances import Discovery, Instance, MemoryDiscovery
 from routespec.errors import (
     BackendKind,
     ErrorClass,
@@ -17,11 +21,11 @@ from routespec.errors import (
     RoutingError,
     match_error_chain,
 )
-from routespec.in_process import InProcessDispatch
-from routespec.push_router import PushRouter, RouterStream
-from routespec.selection import RouterMode
-from routespec.streaming import Annotated, Request, StreamingDispatch
-from routespec.worker_sets import WorkerSets
+from routespec.routing.push_router import PushRouter, RouterStream
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import Annotated, Request, StreamingDispatch
+from routespec.routing.worker_sets import WorkerSets
+from routespec.transport.in_process import InProcessDispatch
 
 __all__ = [
     "Annotated",

@@ -1,5 +1,5 @@
 """``python -m routespec``: the ``routespec`` command."""
 
-from routespec.cli.main import main
+from routespec.deploy.cli.main import main
 
 raise SystemExit(main())

@@ -22,10 +22,10 @@ from routespec.errors import (
     RoutingError,
     match_error_chain,
 )
-from routespec.exclusions import Exclusions
-from routespec.push_router import Prepare, PushRouter
-from routespec.selection import RouterMode
-from routespec.streaming import Annotated, ItemStream, Request
+from routespec.routing.exclusions import Exclusions
+from routespec.routing.push_router import Prepare, PushRouter
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import Annotated, ItemStream, Request
 
 MIGRATABLE_TYPES: frozenset[ErrorType] = frozenset(
     {

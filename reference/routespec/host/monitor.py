@@ -10,7 +10,7 @@ from typing import Protocol
 import trio
 
 from routespec.host.request import RequestContext
-from routespec.streaming import Annotated, ItemStream
+from routespec.routing.streaming import Annotated, ItemStream
 
 DRAIN_TIMEOUT = 5.0
 DRAINABLE_FINISH_REASONS = frozenset({"error", "cancelled"})

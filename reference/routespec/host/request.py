@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import attrs
 
-from routespec.streaming import Request
+from routespec.routing.streaming import Request
 
 
 class Phase(enum.Enum):

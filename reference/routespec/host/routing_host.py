@@ -11,7 +11,6 @@ import attrs
 import trio
 
 from routespec.errors import ErrorKind, RoutingError
-from routespec.exclusions import Exclusions
 from routespec.host.admission import HostAdmission, RequestCounters
 from routespec.host.affinity import (
     Acquired,
@@ -26,10 +25,11 @@ from routespec.host.kv import KvBooking, KvScheduler, block_hashes
 from routespec.host.lora import LoraFilter
 from routespec.host.monitor import MonitoredStream
 from routespec.host.request import HostRequest
-from routespec.occupancy import OccupancyTracker, Permit
-from routespec.push_router import ALLOW, DENY, Prepare, PushRouter, TransportFallback
-from routespec.selection import RouterMode
-from routespec.streaming import Request
+from routespec.routing.exclusions import Exclusions
+from routespec.routing.occupancy import OccupancyTracker, Permit
+from routespec.routing.push_router import ALLOW, DENY, Prepare, PushRouter, TransportFallback
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import Request
 
 
 class WorkerInput(enum.Flag):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import trio
 
 from routespec.transport.frames import (
@@ -19,6 +21,33 @@ from routespec.transport.frames import (
 )
 
 RECEIVE_CHUNK = 64 * 1024
+
+
+LOOPBACK = "127.0.0.1"
+CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+async def open_stream(address: str) -> trio.SocketStream:
+    """Connect to ``host:port``. A numeric host has one candidate address, so it is dialled
+    directly, without ``open_tcp_stream``'s resolution and happy-eyeballs tasks."""
+    host, port = split_address(address)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return await trio.open_tcp_stream(host, port)
+    family = trio.socket.AF_INET6 if ip.version == 6 else trio.socket.AF_INET
+    sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+    try:
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
 
 
 class FramedConnection:

@@ -13,6 +13,9 @@ MANY_OUT = "many_out"
 TCP_SERVER = "tcp_server"
 
 
+STOP, KILL = "stop", "kill"  # the control words a caller sends on a response stream
+
+
 @attrs.frozen
 class StreamAddress:
     """Where the worker dials back for a stream, and the stream's subject."""

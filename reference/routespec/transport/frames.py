@@ -20,6 +20,9 @@ U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 
 
+SENTINEL = b'"sentinel"'  # the header of a response stream's last frame
+
+
 class WireProtocolError(Exception):
     """Bytes that break the wire format. ``field`` names the part at fault."""
 

@@ -9,9 +9,8 @@ import attrs
 import trio
 
 from routespec.errors import ErrorKind, RoutingError
-from routespec.transport.connection import FramedConnection
+from routespec.transport.connection import CONNECTION_ERRORS, FramedConnection, split_address
 from routespec.transport.frames import WireProtocolError
-from routespec.transport.worker_server import CONNECTION_ERRORS, split_address
 
 LostCallback = Callable[[str], None]
 

@@ -7,12 +7,12 @@ import contextlib
 import trio
 
 from routespec.errors import ErrorKind, RoutingError
-from routespec.streaming import STREAM_ENDED_EARLY, Annotated, InflightSlot
+from routespec.routing.streaming import STREAM_ENDED_EARLY, Annotated, InflightSlot
 from routespec.transport.codecs import PayloadCodec, encode_json
-from routespec.transport.connection import FramedConnection
-from routespec.transport.frames import TwoPart, WireProtocolError
+from routespec.transport.connection import CONNECTION_ERRORS, FramedConnection
+from routespec.transport.control import KILL
+from routespec.transport.frames import SENTINEL, TwoPart, WireProtocolError
 from routespec.transport.wire_errors import decode_error
-from routespec.transport.worker_server import CONNECTION_ERRORS, KILL, SENTINEL
 
 AFTER_FINAL = "Response received after generation ended"
 EMPTY_RESPONSE = "Empty response received"

@@ -14,9 +14,9 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from routespec.discovery import Instance
+from routespec.discovery.instances import Instance
 from routespec.errors import ErrorKind, RoutingError
-from routespec.streaming import (
+from routespec.routing.streaming import (
     InflightGauge,
     Rejection,
     RejectionKind,
@@ -25,7 +25,7 @@ from routespec.streaming import (
     pre_stream_failure,
 )
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
-from routespec.transport.connection import FramedConnection
+from routespec.transport.connection import CONNECTION_ERRORS, LOOPBACK, FramedConnection
 from routespec.transport.control import ControlMessage, StreamAddress
 from routespec.transport.frames import (
     MAX_CONTROL_BYTES,
@@ -37,7 +37,6 @@ from routespec.transport.request_plane import RequestPlane
 from routespec.transport.response_plane import NOT_ESTABLISHED, PendingStream, ResponsePlane
 from routespec.transport.response_stream import TcpResponseStream
 from routespec.transport.wire_errors import decode_error
-from routespec.transport.worker_server import CONNECTION_ERRORS, LOOPBACK
 
 TOMBSTONE_TTL = 5.0
 TOMBSTONED = "Worker removed before request could be sent (tombstoned instance)"

@@ -12,27 +12,39 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ipaddress
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import attrs
 import trio
 
 from routespec.errors import BackendKind, ErrorKind, RoutingError
-from routespec.streaming import Rejection, RejectionKind, Request, RequestStream, WorkerHandler
+from routespec.routing.streaming import (
+    Rejection,
+    RejectionKind,
+    Request,
+    RequestStream,
+    WorkerHandler,
+)
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
-from routespec.transport.connection import FramedConnection
-from routespec.transport.control import ControlMessage, StreamAddress, parse_control
+from routespec.transport.connection import (
+    CONNECTION_ERRORS,
+    LOOPBACK,
+    FramedConnection,
+    open_stream,
+)
+from routespec.transport.control import KILL, STOP, ControlMessage, StreamAddress, parse_control
 from routespec.transport.frame_writer import FrameWriter
-from routespec.transport.frames import TwoPart, WireProtocolError, decode_two_part, encode_ack
+from routespec.transport.frames import (
+    SENTINEL,
+    TwoPart,
+    WireProtocolError,
+    decode_two_part,
+    encode_ack,
+)
 from routespec.transport.wire_errors import encode_error
 
-LOOPBACK = "127.0.0.1"
-SENTINEL = b'"sentinel"'
 SENTINEL_FRAME = TwoPart(header=SENTINEL).encode()
 PROLOGUE_OK = TwoPart(header=b'{"error":null}').encode()
-STOP, KILL = "stop", "kill"
-CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 SHUTTING_DOWN = "worker is shutting down"
 STREAM_CUT_AT_SHUTDOWN = "worker shut down before the stream finished"
 
@@ -47,29 +59,6 @@ def final_frame(codec: PayloadCodec) -> bytes:
 
 def error_annotated(error: RoutingError) -> dict[str, object]:
     return {"event": "error", "error": encode_error(error)}
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
-async def open_stream(address: str) -> trio.SocketStream:
-    """Connect to ``host:port``. A numeric host has one candidate address, so it is dialled
-    directly, without ``open_tcp_stream``'s resolution and happy-eyeballs tasks."""
-    host, port = split_address(address)
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return await trio.open_tcp_stream(host, port)
-    family = trio.socket.AF_INET6 if ip.version == 6 else trio.socket.AF_INET
-    sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
-    try:
-        await sock.connect((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketStream(sock)
 
 
 class WorkerServer:

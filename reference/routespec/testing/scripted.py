@@ -8,8 +8,8 @@ import attrs
 import trio
 
 from routespec.errors import RoutingError, parse_type_label
-from routespec.streaming import Rejection, RejectionKind, Request, RequestStream
-from routespec.target import (
+from routespec.routing.streaming import Rejection, RejectionKind, Request, RequestStream
+from routespec.testing.target import (
     CancelThenFail,
     Delivery,
     ErrorSpec,

@@ -11,10 +11,10 @@ import argparse
 import attrs
 import trio
 
-from routespec.cli.usage import UsageError
-from routespec.discovery import Discovery
-from routespec.discovery_url import open_store
-from routespec.worker_sets import WorkerSets
+from routespec.deploy.cli.usage import UsageError
+from routespec.discovery.instances import Discovery
+from routespec.discovery.url import open_store
+from routespec.routing.worker_sets import WorkerSets
 
 COLUMNS = ("INSTANCE", "ADDRESS", "DEVICE", "CODEC", "ROUTABLE", "OVERLOADED")
 

@@ -14,11 +14,11 @@ from contextlib import contextmanager
 
 import trio
 
-from routespec.cli.handlers import FunctionHandler, load_handler
-from routespec.discovery import Instance
-from routespec.discovery_url import open_store
-from routespec.file_discovery import random_instance_id, transport_path
-from routespec.metrics import RequestMetrics
+from routespec.deploy.cli.handlers import FunctionHandler, load_handler
+from routespec.deploy.metrics import RequestMetrics
+from routespec.discovery.file_store import random_instance_id, transport_path
+from routespec.discovery.instances import Instance
+from routespec.discovery.url import open_store
 from routespec.transport.worker_server import WorkerServer
 
 

@@ -7,9 +7,9 @@ from collections.abc import AsyncGenerator
 import attrs
 import trio
 
-from routespec.discovery import Instance
+from routespec.discovery.instances import Instance
 from routespec.errors import ErrorKind, RoutingError
-from routespec.streaming import (
+from routespec.routing.streaming import (
     STREAM_ENDED_EARLY,
     Annotated,
     InflightGauge,

@@ -21,9 +21,7 @@ import attrs
 import httpx
 import trio
 
-from routespec.discovery import Instance, MemoryDiscovery
-from routespec.discovery_store import FIELD, DiscoveryError, IdCallback
-from routespec.file_discovery import (
+from routespec.discovery.file_store import (
     DEFAULT_TTL,
     INSTANCES_BUCKET,
     MalformedRecord,
@@ -32,6 +30,8 @@ from routespec.file_discovery import (
     instance_key,
     split_endpoint,
 )
+from routespec.discovery.instances import Instance, MemoryDiscovery
+from routespec.discovery.store import FIELD, DiscoveryError, IdCallback
 
 REQUEST_TIMEOUT = 5.0
 RECONNECT_DELAY = 0.5  # seconds between attempts while etcd is unreachable

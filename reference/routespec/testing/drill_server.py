@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import trio
 
-from routespec.scripted import ScriptedWorker, WireFaultMarker
-from routespec.streaming import Request, WorkerHandler
-from routespec.target import Misbehave, WireFault
+from routespec.routing.streaming import Request, WorkerHandler
+from routespec.testing.scripted import ScriptedWorker, WireFaultMarker
+from routespec.testing.target import Misbehave, WireFault
 from routespec.transport.codecs import PayloadCodec
 from routespec.transport.control import ControlMessage
 from routespec.transport.frame_writer import FrameWriter

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from routespec.cli.usage import UsageError
+from routespec.deploy.cli.usage import UsageError
 
 SUITE = Path("conformance")
 SHOWN_RESULTS = ("FAIL", "XFAIL")

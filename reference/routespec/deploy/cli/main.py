@@ -13,14 +13,14 @@ from typing import NoReturn
 
 import trio
 
-from routespec.cli.calls import MODES, call, router
-from routespec.cli.conformance import run_conformance
-from routespec.cli.instances import list_instances
-from routespec.cli.usage import UsageError
-from routespec.cli.worker import serve_worker
-from routespec.discovery_store import DiscoveryError
-from routespec.file_discovery import DEFAULT_TTL, split_endpoint
-from routespec.transport.worker_server import LOOPBACK
+from routespec.deploy.cli.calls import MODES, call, router
+from routespec.deploy.cli.conformance import run_conformance
+from routespec.deploy.cli.instances import list_instances
+from routespec.deploy.cli.usage import UsageError
+from routespec.deploy.cli.worker import serve_worker
+from routespec.discovery.file_store import DEFAULT_TTL, split_endpoint
+from routespec.discovery.store import DiscoveryError
+from routespec.transport.connection import LOOPBACK
 
 USAGE_EXIT = 2
 INTERRUPTED_EXIT = 130

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from routespec.discovery_store import FIELD, DiscoveryError, DiscoveryStore
-from routespec.etcd_discovery import EtcdStore
-from routespec.file_discovery import DEFAULT_TTL, FileStore, default_root
+from routespec.discovery.etcd_store import EtcdStore
+from routespec.discovery.file_store import DEFAULT_TTL, FileStore, default_root
+from routespec.discovery.store import FIELD, DiscoveryError, DiscoveryStore
 
 EXAMPLES = "file:DIR or etcd:http://HOST:PORT"
 

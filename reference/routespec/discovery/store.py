@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from routespec.discovery import Discovery, Instance
+from routespec.discovery.instances import Discovery, Instance
 
 IdCallback = Callable[[int], None]
 FIELD = "--discovery"  # the command-line argument that names a store

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from routespec.occupancy import OccupancyTracker, Permit
+from routespec.routing.occupancy import OccupancyTracker, Permit
 
 DEFAULT_DEVICE_RATIO = 8  # SEL-010: non-CPU to CPU capacity ratio
 CPU = "cpu"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import attrs
 import trio
 
-from routespec.discovery import Instance
+from routespec.discovery.instances import Instance
 from routespec.errors import ErrorKind, RoutingError
-from routespec.streaming import (
+from routespec.routing.streaming import (
     Annotated,
     FirstResponseGuard,
     ItemStream,

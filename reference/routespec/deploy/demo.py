@@ -1,4 +1,4 @@
-"""An example handler for ``routespec worker --handler routespec.demo:tokens``."""
+"""An example handler for ``routespec worker --handler routespec.deploy.demo:tokens``."""
 
 from __future__ import annotations
 

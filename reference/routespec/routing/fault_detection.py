@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from routespec.errors import BackendKind, ErrorKind, ErrorType, match_error_chain
-from routespec.worker_sets import WorkerSets
+from routespec.routing.worker_sets import WorkerSets
 
 INHIBITING_TYPES: frozenset[ErrorType] = frozenset(
     {

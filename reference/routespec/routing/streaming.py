@@ -8,7 +8,7 @@ from typing import Protocol
 
 import attrs
 
-from routespec.discovery import Instance
+from routespec.discovery.instances import Instance
 from routespec.errors import ErrorKind, RoutingError, is_migration_sensitive
 
 STREAM_ENDED_EARLY = "Stream ended before generation completed"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from routespec.discovery import Discovery
+from routespec.discovery.instances import Discovery
 
 DEFAULT_INHIBITED_DURATION = 5.0  # FLT-002
 OVERLOAD_LEASE = 1.0  # FLT-004

@@ -21,8 +21,8 @@ from typing import NoReturn
 import attrs
 import trio
 
-from routespec.discovery import Instance
-from routespec.discovery_store import FIELD, DiscoveryError, IdCallback
+from routespec.discovery.instances import Instance
+from routespec.discovery.store import FIELD, DiscoveryError, IdCallback
 
 ROOT_ENV = "DYN_FILE_KV"
 DEFAULT_DIR_NAME = "dynamo_store_kv"

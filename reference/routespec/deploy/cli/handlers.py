@@ -11,10 +11,10 @@ from typing import cast
 
 import attrs
 
-from routespec.cli.usage import UsageError
+from routespec.deploy.cli.usage import UsageError
+from routespec.deploy.metrics import RequestMetrics
 from routespec.errors import BackendKind, RoutingError
-from routespec.metrics import RequestMetrics
-from routespec.streaming import Request
+from routespec.routing.streaming import Request
 
 HandlerFunction = Callable[[object], AsyncIterator[object]]
 FIELD = "--handler"

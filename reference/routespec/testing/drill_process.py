@@ -1,6 +1,6 @@
 """A scripted drill worker as a separate OS process, for checks that kill a real process.
 
-    python -m routespec.transport.drill_process --script '{"kind": "stall", "items": 2}' \\
+    python -m routespec.testing.drill_process --script '{"kind": "stall", "items": 2}' \\
         --worker-id 1 --path routespec/conformance/generate/1
 
 The process serves ``--path`` with a ``ScriptedWorker`` on a ``DrillWorkerServer`` listening
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import trio
 
-from routespec.scripted import ScriptedWorker
-from routespec.streaming import Rejection, Request, WorkerHandler
-from routespec.target import Serve, Stall, WorkerScript
+from routespec.routing.streaming import Rejection, Request, WorkerHandler
+from routespec.testing.drill_server import DrillWorkerServer
+from routespec.testing.scripted import ScriptedWorker
+from routespec.testing.target import Serve, Stall, WorkerScript
+from routespec.transport.connection import LOOPBACK
 from routespec.transport.control import ControlMessage
-from routespec.transport.drill_server import DrillWorkerServer
 from routespec.transport.frames import WireProtocolError
-from routespec.transport.worker_server import LOOPBACK
 
 Report = dict[str, object]
 
@@ -63,7 +63,7 @@ def command(script: WorkerScript, worker_id: int, path: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "routespec.transport.drill_process",
+        "routespec.testing.drill_process",
         "--script",
         encode_script(script),
         "--worker-id",

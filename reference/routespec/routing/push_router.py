@@ -8,14 +8,20 @@ from typing import ClassVar
 
 import attrs
 
-from routespec.discovery import Discovery, Instance
+from routespec.discovery.instances import Discovery, Instance
 from routespec.errors import ErrorKind, RoutingError
-from routespec.exclusions import Exclusions
-from routespec.fault_detection import observe_fault
-from routespec.occupancy import OccupancyTracker, Permit
-from routespec.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
-from routespec.streaming import Annotated, ItemStream, Request, RequestStream, StreamingDispatch
-from routespec.worker_sets import DEFAULT_INHIBITED_DURATION, WorkerSets
+from routespec.routing.exclusions import Exclusions
+from routespec.routing.fault_detection import observe_fault
+from routespec.routing.occupancy import OccupancyTracker, Permit
+from routespec.routing.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
+from routespec.routing.streaming import (
+    Annotated,
+    ItemStream,
+    Request,
+    RequestStream,
+    StreamingDispatch,
+)
+from routespec.routing.worker_sets import DEFAULT_INHIBITED_DURATION, WorkerSets
 
 BIDIRECTIONAL_MODES = frozenset({RouterMode.ROUND_ROBIN, RouterMode.RANDOM})
 

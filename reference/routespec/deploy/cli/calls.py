@@ -15,18 +15,18 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from routespec.cli.usage import UsageError
-from routespec.cli.worker import serving_metrics
-from routespec.discovery_url import open_store
+from routespec.deploy.cli.usage import UsageError
+from routespec.deploy.cli.worker import serving_metrics
+from routespec.deploy.metrics import RouterMetrics, error_kind
+from routespec.discovery.url import open_store
 from routespec.errors import ErrorKind, RoutingError
-from routespec.exclusions import Exclusions
 from routespec.host.request import HostRequest, RoutingHints
 from routespec.host.routing_host import RoutingHost, WorkerConfig
-from routespec.metrics import RouterMetrics, error_kind
 from routespec.migration import Migration
-from routespec.push_router import PushRouter
-from routespec.selection import RouterMode
-from routespec.streaming import ItemStream, Request
+from routespec.routing.exclusions import Exclusions
+from routespec.routing.push_router import PushRouter
+from routespec.routing.selection import RouterMode
+from routespec.routing.streaming import ItemStream, Request
 from routespec.transport.tcp_dispatch import TcpDispatch
 
 MODES = {

@@ -1,0 +1,1 @@
+"""Deployment tooling: the ``routespec`` command, Prometheus metrics and the demo handler."""

@@ -1,0 +1,1 @@
+"""Discovery: the instances an endpoint has, and the stores that publish them (DSC)."""

@@ -1,0 +1,2 @@
+"""Routing: worker sets, occupancy, selection, fault detection, exclusions, the streaming
+seam and the PushRouter (SET, SEL, DSP, FLT)."""

@@ -1,0 +1,653 @@
+"""The target protocol: what an adapter implements so the conformance suite can check it.
+
+Everything here is plain data in the spec's vocabulary (error types as labels such as
+``"CannotConnect"`` or ``"Backend(EngineShutdown)"``), so an adapter can drive any runtime,
+in any language, without the suite knowing its internals. The calls are synchronous: an
+adapter owns its event loop (trio, asyncio, a subprocess) and returns once the operation
+has settled.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import attrs
+
+
+class Capability(enum.Enum):
+    """What an adapter lets the suite control or observe. A check needing one it lacks is SKIP."""
+
+    ROUND_ROBIN = "mode:round-robin"
+    RANDOM = "mode:random"
+    POWER_OF_TWO_CHOICES = "mode:power-of-two-choices"
+    LEAST_LOADED = "mode:least-loaded"
+    DEVICE_AWARE_WEIGHTED = "mode:device-aware-weighted"
+    REFUSES_KV_AND_DIRECT = "mode:refuses-kv-and-direct"
+    DIRECT = "call:direct"
+    DIRECT_WITHIN = "call:direct-within"
+    PRESELECTED = "call:preselected"
+    REMOVE_WORKER = "cluster:remove-worker"
+    KILL_WORKER = "cluster:kill-worker"
+    VANISH_WORKER = "cluster:vanish-worker"
+    MARK_OVERLOADED = "cluster:mark-overloaded"
+    REPORT_DOWN = "cluster:report-down"
+    DEVICE_TYPES = "cluster:device-types"
+    SCRIPT_FAILURES = "worker:script-failures"
+    SCRIPT_STALL = "worker:script-stall"
+    SCRIPT_REJECTION = "worker:script-rejection"
+    SCRIPT_WIRE_FAULTS = "worker:script-wire-faults"
+    ANNOUNCE_REMOVAL = "cluster:announce-removal"
+    KILL_WORKER_PROCESS = "cluster:kill-worker-process"
+    OBSERVE_INFLIGHT = "observe:transport-inflight"
+    OBSERVE_WORKER_BYTES = "observe:worker-bytes"
+    OBSERVE_ERROR_TYPES = "observe:error-types"
+    WIRE_TRANSPORT = "transport:dynamo-wire"
+    FIRST_RESPONSE_GUARD = "call:first-response-guard"
+    BIDIRECTIONAL = "call:bidirectional"
+    MIGRATION = "call:migration"
+    MOCK_CLOCK = "time:mock-clock"
+    CONFIGURE_INHIBITION = "config:inhibited-duration"
+    OBSERVE_WORKER_SETS = "observe:worker-sets"
+    OBSERVE_OCCUPANCY = "observe:occupancy"
+    OBSERVE_PREPARED_TARGET = "observe:prepared-target"
+    ERROR_MODEL = "errors:model"
+    ROUTING_HOST = "host:routing-host"
+    DISCOVERY_STORE = "discovery:store"
+
+
+@attrs.frozen
+class ErrorSpec:
+    """A typed error to inject or to describe: a type label (None = untyped), a message, a cause."""
+
+    type: str | None
+    message: str = "injected"
+    cause: ErrorSpec | None = None
+
+    def chain(self) -> tuple[ErrorSpec, ...]:
+        links: list[ErrorSpec] = []
+        link: ErrorSpec | None = self
+        while link is not None:
+            links.append(link)
+            link = link.cause
+        return tuple(links)
+
+
+# --- worker scripts: how a worker answers every request until it is scripted again ---
+
+
+@attrs.frozen
+class Serve:
+    """Yield ``items`` data items, then end the stream cleanly.
+
+    Every scripted data item is ``{"worker": id, "request": request_id, "index": n}`` with
+    ``n`` counting from 0 across the whole stream, so checks can see loss, reordering and
+    which worker produced it.
+    """
+
+    items: int = 1
+
+
+@attrs.frozen
+class FailBeforeStream:
+    """Refuse the request before any response item exists."""
+
+    error: ErrorSpec
+
+
+@attrs.frozen
+class FailMidStream:
+    """Yield ``items`` data items, then one error item."""
+
+    items: int
+    error: ErrorSpec
+
+
+@attrs.frozen
+class Stall:
+    """Yield ``items`` data items, then wait until released, then yield ``items_after`` more."""
+
+    items: int = 0
+    items_after: int = 1
+
+
+@attrs.frozen
+class Reject:
+    """Refuse at the door: the worker's ACK reads ``Server overloaded: …`` (``overloaded``)
+    or ``Server unavailable: …``."""
+
+    overloaded: bool = True
+    message: str = "injected"
+
+
+class WireFault(enum.Enum):
+    """Ways a worker can break the response-stream protocol (wire targets only)."""
+
+    EOF_BEFORE_FINAL = "eof-before-final"
+    FRAME_AFTER_FINAL = "frame-after-final"
+    EMPTY_FRAME = "empty-frame"
+    GARBLED_FRAME = "garbled-frame"
+    NO_CALL_HOME = "no-call-home"  # ACK the request, never open its response stream
+
+
+@attrs.frozen
+class Misbehave:
+    """Yield ``items`` data items, then commit ``fault`` on the wire."""
+
+    items: int
+    fault: WireFault
+
+
+@attrs.frozen
+class CancelThenFail:
+    """Yield ``items`` data items, then a terminal frame (``finish_reason: "cancelled"``),
+    then one error item: an engine shutting down under a request."""
+
+    items: int
+    error: ErrorSpec
+
+
+@attrs.frozen
+class TerminalThen:
+    """Yield ``items`` data items, then a terminal frame with ``finish_reason`` ``finish``;
+    then, if ``stall``, wait until released; then one error item if ``error`` is given;
+    then end the stream."""
+
+    items: int = 0
+    finish: str = "cancelled"
+    stall: bool = False
+    error: ErrorSpec | None = None
+
+
+@attrs.frozen
+class TerminalFlood:
+    """Send a terminal frame (``finish_reason: "cancelled"``) every ``interval`` seconds of
+    the target's clock, forever: a worker that never lets a drain end by itself."""
+
+    interval: float = 1.0
+
+
+WorkerScript = (
+    Serve
+    | FailBeforeStream
+    | FailMidStream
+    | Stall
+    | Reject
+    | Misbehave
+    | CancelThenFail
+    | TerminalThen
+    | TerminalFlood
+)
+
+
+# --- router calls ---
+
+
+@attrs.frozen
+class Generate:
+    """``generate()`` with a router mode label such as ``"round-robin"``."""
+
+    mode: str
+
+
+@attrs.frozen
+class Direct:
+    """Exact dispatch to one worker id."""
+
+    worker_id: int
+
+
+@attrs.frozen
+class DirectWithin:
+    """Dispatch to a target with fallback anywhere (``allowed=None``) or only inside ``allowed``."""
+
+    worker_id: int
+    allowed: frozenset[int] | None
+
+
+@attrs.frozen
+class Preselected:
+    """Book the worker (as an occupancy policy would), then dispatch to it as preselected."""
+
+    worker_id: int
+
+
+@attrs.frozen
+class Bidirectional:
+    """``generate()`` with a streamed request of ``inputs`` items (0, 1, …). A scripted
+    worker answers each input with ``{"worker", "request", "input": n}``, then its script."""
+
+    mode: str
+    inputs: int
+
+
+@attrs.frozen
+class Migrate:
+    """A token request through migration: prompt tokens ``0 .. prompt-1``, ``max_tokens`` to
+    generate, sent by ``generate(mode)`` or, with ``pin``, exactly to that worker.
+
+    A scripted worker answers a token request with one token per item, each the position
+    it continues (``prompt length + i``), the last with ``finish_reason: "stop"``; its script
+    decides where it fails (``FailMidStream(k, …)`` fails after ``k`` tokens). So a request
+    that completes must read exactly ``prompt, prompt+1, …, prompt+max_tokens-1``.
+    ``stopped`` marks the caller's context stopped before the first attempt.
+    """
+
+    mode: str = "round-robin"
+    limit: int = 3
+    prompt: int = 4
+    max_tokens: int = 6
+    min_tokens: int = 0
+    n: int = 1
+    guided: bool = False
+    max_seq_len: int | None = None
+    pin: int | None = None
+    stopped: bool = False
+
+
+@attrs.frozen
+class HostRoute:
+    """A token request through the routing host (Capability.ROUTING_HOST).
+
+    The prompt is ``tokens``; a scripted worker answers with ``max_tokens`` tokens as for
+    ``Migrate``. ``phase`` is ``aggregated``, ``prefill`` or ``decode``; the worker fields
+    are Dynamo's ``nvext`` routing fields; ``session`` is a session-affinity id; ``lora``
+    an adapter name; ``allowed`` and ``required_taints`` constrain the workers; ``excluded``
+    are workers a previous attempt already failed on, each recorded with a
+    ``WorkerOverloaded`` failure (so an exhausted set is ``ResourceExhausted``, MIG-012).
+    ``stopped`` marks the caller's context stopped before routing starts; ``staged_kv`` marks
+    a decode leg whose prefill left KV blocks to release. With ``migration_limit`` the
+    request goes through migration.
+    """
+
+    phase: str = "aggregated"
+    backend_instance_id: int | None = None
+    decode_worker_id: int | None = None
+    prefill_worker_id: int | None = None
+    dp_rank: int | None = None
+    session: str | None = None
+    lora: str | None = None
+    allowed: frozenset[int] | None = None
+    required_taints: frozenset[str] = frozenset()
+    excluded: frozenset[int] = frozenset()
+    tokens: tuple[int, ...] = (1,)
+    max_tokens: int = 1
+    staged_kv: bool = False
+    stopped: bool = False
+    migration_limit: int | None = None
+
+
+Call = Generate | Direct | DirectWithin | Preselected | Bidirectional | Migrate | HostRoute
+
+
+# --- observations ---
+
+
+@attrs.frozen
+class ObservedError:
+    """A failure as the caller saw it: its chain of (type label or None, message), outermost first.
+
+    ``pre_stream`` is True when the call itself failed, False for an error item in the stream.
+    """
+
+    links: tuple[tuple[str | None, str], ...]
+    pre_stream: bool
+    error_class: str | None = None
+    """The normalised class the caller saw (``Unavailable``, ``CapacityExhausted``, …)."""
+    types_observed: bool = True
+    """False when the target shows only the class and text (links then carry no types)."""
+
+    @property
+    def type(self) -> str | None:
+        return self.links[0][0]
+
+    @property
+    def typed_chain(self) -> tuple[str, ...]:
+        return tuple(label for label, _ in self.links if label is not None)
+
+    def describe(self) -> str:
+        where = "before the stream" if self.pre_stream else "as a stream item"
+        if not self.types_observed:
+            return f"class {self.error_class}: {self.links[0][1]} ({where}; types not observable)"
+        chain = " <- ".join(f"{label or 'untyped'}: {message}" for label, message in self.links)
+        return f"{chain} ({where})"
+
+
+@attrs.frozen
+class Outcome:
+    """How a request ended: its data items, at most one error, and whether the caller dropped it."""
+
+    items: tuple[object, ...]
+    error: ObservedError | None
+    dropped: bool = False
+    bookings_at_error: Mapping[int, int] | None = None
+    """For a routing-host request that ended with an error item: the host's bookings at the
+    moment the caller received that item."""
+
+
+@attrs.frozen
+class Delivery:
+    """One request arriving at one worker (the dispatch log)."""
+
+    request_id: str
+    worker_id: int
+    prepared_for: int | None = None
+    payload: object = None
+    """The request as this worker received it (for token requests: prompt and budgets)."""
+
+
+@attrs.frozen
+class WorkerSetsView:
+    discovered: frozenset[int]
+    routable: frozenset[int]
+    overloaded: frozenset[int]
+    free: frozenset[int]
+
+
+@attrs.frozen
+class TargetConfig:
+    """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C)."""
+
+    seed: int = 0
+    inhibited_duration: float = 5.0
+    fault_detection: bool = True
+    device_ratio: int = 8
+
+
+@attrs.frozen
+class HostConfig:
+    """How a routing host is built: its policy (a builtin mode label, ``direct`` or ``kv``),
+    session affinity (off when ``affinity_ttl`` is None; ``hard`` or ``soft``), LoRA
+    filtering, and the KV selector's settings."""
+
+    policy: str = "round-robin"
+    affinity_ttl: float | None = None
+    affinity_mode: str = "hard"
+    max_affinity_entries: int = 65_536
+    lora: bool = False
+    temperature: float = 0.0
+    block_size: int = 16
+
+
+@attrs.frozen
+class PlanView:
+    """A previewed or planned route: its id, its worker, and its cleanup budget left."""
+
+    plan_id: int
+    worker_id: int
+    budget_remaining: float
+
+
+@attrs.frozen
+class SessionView:
+    """``state``: ``disabled`` (no coordinator), ``unbound``, ``initializing`` or ``bound``."""
+
+    state: str
+    worker_id: int | None = None
+    dp_rank: int | None = None
+
+
+@attrs.frozen
+class HostView:
+    """The worker inputs the host's policy declares and those the host built."""
+
+    required_inputs: frozenset[str]
+    constructed_inputs: frozenset[str]
+
+
+class RoutingHostTarget(Protocol):
+    """The routing host of a target (Capability.ROUTING_HOST). Its requests share the
+    target's dispatch log and outcomes."""
+
+    def route(self, route: HostRoute) -> str:
+        """Start a request through the host; returns its id once it has settled."""
+        ...
+
+    def stop(self, request_id: str) -> None:
+        """The caller's context stops (a client stop), while the caller still reads."""
+        ...
+
+    def preview(self, route: HostRoute) -> PlanView | ObservedError: ...
+    def plan(self, preview_id: int) -> PlanView | ObservedError: ...
+    def dispatch_plan(self, plan_id: int, *, stop_first: bool = False) -> str:
+        """Dispatch a plan (its caller stopped first, if ``stop_first``); returns the id of
+        the request, whose outcome the target reports (a plan used before fails it)."""
+        ...
+
+    def abort_plan(self, plan_id: int) -> ObservedError | None:
+        """Abandon a plan; a plan already dispatched or aborted answers with the error."""
+        ...
+
+    def prefill_busy(self, route: HostRoute, threshold: float) -> bool: ...
+
+    def bind_session(self, session: str, worker_id: int, dp_rank: int | None = None) -> None:
+        """Initialize ``session`` and commit this target, as a first request would."""
+        ...
+
+    def hold_session(self, session: str) -> None:
+        """Start initializing ``session`` and keep the initialization pending."""
+        ...
+
+    def release_session(self, session: str) -> None:
+        """Drop the initialization ``hold_session`` keeps pending."""
+        ...
+
+    def session(self, session: str) -> SessionView: ...
+    def configure_worker(
+        self, worker_id: int, *, taints: frozenset[str] = frozenset(), dp_size: int = 1
+    ) -> None:
+        """The worker's runtime configuration as the selector sees it."""
+        ...
+
+    def forget_worker_config(self, worker_id: int) -> None:
+        """The selector has not yet seen the worker's configuration (a config-watch gap)."""
+        ...
+
+    def set_lora_replicas(self, adapter: str, workers: frozenset[int]) -> None: ...
+    def bookings(self) -> Mapping[int, int]:
+        """Admitted requests per worker in the host's load input (occupancy or KV)."""
+        ...
+
+    def counters(self) -> tuple[int, int]:
+        """(requests started, requests completed)."""
+        ...
+
+    def lora_inflight(self) -> Mapping[str, int]: ...
+    def inputs(self) -> HostView: ...
+
+
+@attrs.frozen
+class DiscoveryTiming:
+    """A discovery store's periods in seconds (spec: DSC): a record not renewed for ``ttl`` is
+    dead; a running process renews its record every ``renewal``; a change reaches a watcher
+    within ``propagation``."""
+
+    ttl: float
+    renewal: float
+    propagation: float
+
+
+@attrs.frozen
+class ListedInstance:
+    """An instance as a watcher resolves it: its transport address and device type."""
+
+    address: str | None
+    device_type: str | None
+
+
+@attrs.frozen
+class StoredRecord:
+    """An instance's record as the store holds it: its key in Dynamo's key space
+    (``v1/instances/ns/comp/endpoint/<hex id>``) and its value."""
+
+    key: str
+    value: bytes
+
+
+class DiscoveryTarget(Protocol):
+    """A discovery store of a target (Capability.DISCOVERY_STORE), empty when opened: worker
+    processes register instance records in it, watchers follow an endpoint's records."""
+
+    def address(self) -> str:
+        """The store as ``--discovery`` spells it (``file:DIR``, ``etcd:URL``)."""
+        ...
+
+    def timing(self) -> DiscoveryTiming:
+        """The periods the store really uses."""
+        ...
+
+    def register(self, endpoint: str, *, device: str = "cuda") -> int:
+        """A worker process registers an instance of ``endpoint`` and keeps it alive; returns
+        its instance id."""
+        ...
+
+    def withdraw(self, instance_id: int) -> None:
+        """The process withdraws its registration (a clean shutdown's first step) and keeps
+        running."""
+        ...
+
+    def lapse(self, instance_id: int) -> None:
+        """The process stops renewing without withdrawing (it is killed with SIGKILL)."""
+        ...
+
+    def put_raw(self, endpoint: str, instance_id: int, value: bytes) -> None:
+        """Another process stores ``value`` as the record of ``instance_id`` under
+        ``endpoint``'s key, and never renews it."""
+        ...
+
+    def lose_records(self) -> None:
+        """The store loses every record (wiped, or restarted without its data) while the
+        registered processes keep running."""
+        ...
+
+    def watch(self, endpoint: str) -> int:
+        """Start a watcher of ``endpoint``; returns its id once its first read is done."""
+        ...
+
+    def listed(self, watcher: int) -> Mapping[int, ListedInstance]:
+        """The instances the watcher lists now."""
+        ...
+
+    def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
+        """The changes reported to the watcher so far, in order: ``("added" | "removed", id)``."""
+        ...
+
+    def record(self, instance_id: int) -> StoredRecord | None:
+        """The record the store holds now for an instance registered or put here, or None."""
+        ...
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of the store's time pass: renewals, polls and expiries that fall due
+        happen before it returns."""
+        ...
+
+    def refusal(self, address: str, ttl: float) -> str | None:
+        """Open the store ``address`` names with liveness period ``ttl`` and check that it can
+        be used: the argument its typed refusal names (``--discovery``, ``--ttl``), or None."""
+        ...
+
+
+class Target(Protocol):
+    """One running system under test: a cluster of workers and one router in front of them."""
+
+    # cluster control
+    def add_worker(self, *, device: str = "cuda") -> int: ...
+    def add_worker_process(self, script: WorkerScript) -> int:
+        """Start a worker as a separate OS process that serves ``script`` for every request,
+        registered with discovery like ``add_worker`` (Capability.KILL_WORKER_PROCESS);
+        ``kill_worker`` then kills the process (SIGKILL) and returns once it has exited."""
+        ...
+
+    def remove_worker(self, worker_id: int) -> None: ...
+    def kill_worker(self, worker_id: int) -> None: ...
+    def vanish_worker(self, worker_id: int) -> None:
+        """The worker's transport record disappears while the router still lists it."""
+        ...
+
+    def announce_removal(self, worker_id: int, removed: bool) -> None:
+        """Discovery's watcher tells the transport the worker was removed (or added back)
+        while the router's cached list still lists it (Capability.ANNOUNCE_REMOVAL)."""
+        ...
+
+    def script_worker(self, worker_id: int, script: WorkerScript) -> None: ...
+    def release_stalled(self, worker_id: int) -> None: ...
+    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None: ...
+    def report_down(self, worker_id: int) -> None: ...
+    def advance_time(self, seconds: float) -> None: ...
+
+    # router operations
+    def submit(
+        self, call: Call, metadata: Mapping[str, str] | None = None, guarded: bool = False
+    ) -> str:
+        """Start a request and return its id once it has settled (finished, or stalled).
+
+        ``metadata`` travels with the request (on Dynamo's wire: the control message);
+        ``guarded`` gives it a first-response guard (Capability.FIRST_RESPONSE_GUARD)."""
+        ...
+
+    def outcome(self, request_id: str) -> Outcome | None:
+        """The request's outcome, or None while its stream is still open."""
+        ...
+
+    def drop(self, request_id: str) -> None:
+        """The caller abandons an open stream."""
+        ...
+
+    # observations
+    def dispatch_log(self) -> Sequence[Delivery]: ...
+    def worker_sets(self) -> WorkerSetsView: ...
+    def occupancy(self) -> Mapping[int, int]: ...
+    def held_guards(self) -> int:
+        """First-response guards not yet released (Capability.FIRST_RESPONSE_GUARD)."""
+        ...
+
+    def transport_inflight(self) -> int:
+        """Dispatches the transport counts as in flight (Capability.OBSERVE_INFLIGHT)."""
+        ...
+
+    def worker_bytes(self, worker_id: int) -> int:
+        """Request-plane bytes the worker has received (Capability.OBSERVE_WORKER_BYTES)."""
+        ...
+
+    def send_raw(self, worker_id: int | None, data: bytes) -> None:
+        """Open a connection to the worker's request-plane port (or, for None, the router's
+        response-stream port), write ``data``, close it (Capability.WIRE_TRANSPORT)."""
+        ...
+
+    def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
+        """Build a routing host over this target's workers (Capability.ROUTING_HOST), or the
+        error its construction failed with."""
+        ...
+
+    def open_discovery(self) -> DiscoveryTarget:
+        """Open an empty discovery store (Capability.DISCOVERY_STORE)."""
+        ...
+
+    # the error model as a library (Capability.ERROR_MODEL)
+    def match_error_chain(
+        self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
+    ) -> bool: ...
+    def classify(self, error: ErrorSpec) -> tuple[str, str]:
+        """The normalised (class, reason) of an error built from ``error``."""
+        ...
+
+    def bounded_message(self, message: str) -> str: ...
+
+
+class Adapter(Protocol):
+    """A named way to run targets, with its declared capabilities and expected failures.
+
+    ``expected_failures`` maps a check's name to the evidence that the target diverges from
+    the spec there; such checks are strict XFAIL (an unexpected pass fails the run).
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def capabilities(self) -> frozenset[Capability]: ...
+    @property
+    def expected_failures(self) -> Mapping[str, str]: ...
+
+    def open(self, config: TargetConfig) -> AbstractContextManager[Target]: ...
