@@ -51,7 +51,7 @@ from routespec.testing.target import (
     WorkerScript,
     WorkerSetsView,
 )
-from routespec.transport.first_response_guard import GuardedDispatch
+from routespec.transport.first_response_guard import FirstResponseGuardedDispatch
 from routespec.transport.in_process import InProcessDispatch
 
 ENDPOINT = "routespec/conformance/generate"
@@ -201,7 +201,7 @@ class ReferenceTarget:
             return router_class.create(
                 ENDPOINT,
                 self._discovery,
-                GuardedDispatch(cluster.transport, portal.nursery),
+                FirstResponseGuardedDispatch(cluster.transport, portal.nursery),
                 inhibited_duration=config.inhibited_duration,
                 fault_detection=config.fault_detection,
                 rng=random.Random(config.seed),

@@ -4,21 +4,18 @@ workers, time and every dispatch call, and compares the target with the executab
 from __future__ import annotations
 
 import sys
-from contextlib import AbstractContextManager
 
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from routespec.conformance import oracle
 from routespec.conformance.checks import covers, exercised, require
+from routespec.conformance.machine import TargetMachine
 from routespec.conformance.model import (
     BUILTIN_MODES,
     REFUSED_MODES,
@@ -44,7 +41,6 @@ from routespec.testing.target import (
     Reject,
     Serve,
     Stall,
-    Target,
     TargetConfig,
     WorkerScript,
 )
@@ -92,17 +88,8 @@ def _labels(outcome: Outcome) -> tuple[str | None, ...]:
     return tuple(label for label, _ in outcome.error.links)
 
 
-class DispatchMachine(RuleBasedStateMachine):
-    def __init__(self, adapter: Adapter) -> None:
-        super().__init__()
-        self.adapter = adapter
-        self.caps = adapter.capabilities
-        self.context: AbstractContextManager[Target] | None = None
-        self.target: Target
-        self.model: RouterModel
-
-    def has(self, capability: Capability) -> bool:
-        return capability in self.caps
+class DispatchMachine(TargetMachine):
+    model: RouterModel
 
     def timed(self, capability: Capability) -> bool:
         """Steps that start leases or inhibitions need the suite's clock: on a target that
@@ -139,8 +126,7 @@ class DispatchMachine(RuleBasedStateMachine):
             inhibited_duration, fault_detection = 5.0, True
         config = TargetConfig(seed, inhibited_duration, fault_detection)
         self.model = RouterModel(inhibited_duration, fault_detection, config.device_ratio)
-        self.context = self.adapter.open(config)
-        self.target = self.context.__enter__()
+        self.open(config)
         for device in devices:
             self.add_worker(device)
 
@@ -154,7 +140,7 @@ class DispatchMachine(RuleBasedStateMachine):
                 occupancy = dict(self.target.occupancy())
                 require("DSP-011", not occupancy, f"occupancy {occupancy} with no stream open")
         finally:
-            self.context.__exit__(None, None, None)
+            super().teardown()
 
     # --- cluster control ---
 
@@ -502,6 +488,4 @@ class DispatchMachine(RuleBasedStateMachine):
     "TRN-004", "TRN-005", "TRN-006", "TRN-015",
 )  # fmt: skip
 def test_dispatch_machine(adapter: Adapter) -> None:
-    # Hypothesis accepts any factory returning a machine; its stub says type[...] only.
-    factory = lambda: DispatchMachine(adapter)  # noqa: E731
-    run_state_machine_as_test(factory, settings=settings())  # type: ignore[arg-type]
+    DispatchMachine.run(adapter)

@@ -8,20 +8,16 @@ reach a worker only to release staged KV, and a hard-bound session goes to its w
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.machine import TargetMachine
 from routespec.conformance.scenario import MODE_CAPABILITY
 from routespec.testing.target import (
     Adapter,
@@ -37,7 +33,6 @@ from routespec.testing.target import (
     RoutingHostTarget,
     Serve,
     Stall,
-    Target,
     TargetConfig,
     TerminalThen,
     WorkerScript,
@@ -74,13 +69,9 @@ def finished_cleanly(outcome: Outcome) -> bool:
     return outcome.error is None and not outcome.dropped and reason not in DRAINED
 
 
-class HostMachine(RuleBasedStateMachine):
+class HostMachine(TargetMachine):
     def __init__(self, adapter: Adapter) -> None:
-        super().__init__()
-        self.adapter = adapter
-        self.caps = adapter.capabilities
-        self.context: AbstractContextManager[Target] | None = None
-        self.target: Target
+        super().__init__(adapter)
         self.host: RoutingHostTarget
         self.workers: list[int] = []
         self.requests: dict[str, HostRoute] = {}
@@ -93,8 +84,7 @@ class HostMachine(RuleBasedStateMachine):
         workers=st.integers(1, 3),
     )
     def open_host(self, seed: int, policy: str, affinity: str | None, workers: int) -> None:
-        self.context = self.adapter.open(TargetConfig(seed))
-        self.target = self.context.__enter__()
+        self.open(TargetConfig(seed))
         for _ in range(workers):
             self.add_worker()
         if policy in MODE_CAPABILITY and MODE_CAPABILITY[policy] not in self.caps:
@@ -104,10 +94,6 @@ class HostMachine(RuleBasedStateMachine):
         assert not isinstance(built, ObservedError), built
         self.host = built
         self.hard_affinity = affinity == "hard"
-
-    def teardown(self) -> None:
-        if self.context is not None:
-            self.context.__exit__(None, None, None)
 
     @precondition(lambda self: len(self.workers) < MAX_WORKERS)
     @rule()
@@ -254,5 +240,4 @@ class HostMachine(RuleBasedStateMachine):
 @covers("HST-002", "HST-010", "HST-011", "HST-012", "HST-013", "AFF-002", "AFF-006", "MON-005")
 @requires(Capability.ROUTING_HOST, Capability.SCRIPT_FAILURES, Capability.SCRIPT_STALL)
 def test_host_machine(adapter: Adapter) -> None:
-    factory = lambda: HostMachine(adapter)  # noqa: E731
-    run_state_machine_as_test(factory, settings=settings())  # type: ignore[arg-type]
+    HostMachine.run(adapter)

@@ -7,20 +7,16 @@ for every request, the invariants of MIG against the dispatch log and the worker
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from routespec.conformance import oracle
 from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.machine import TargetMachine
 from routespec.conformance.scenario import MODE_CAPABILITY, tokens
 from routespec.testing.target import (
     Adapter,
@@ -32,7 +28,6 @@ from routespec.testing.target import (
     Migrate,
     Reject,
     Serve,
-    Target,
     TargetConfig,
     WorkerScript,
 )
@@ -67,25 +62,16 @@ def visible_failure(script: WorkerScript) -> tuple[str | None, ...] | None:
     return None
 
 
-class MigrationMachine(RuleBasedStateMachine):
+class MigrationMachine(TargetMachine):
     def __init__(self, adapter: Adapter) -> None:
-        super().__init__()
-        self.adapter = adapter
-        self.caps = adapter.capabilities
-        self.context: AbstractContextManager[Target] | None = None
-        self.target: Target
+        super().__init__(adapter)
         self.scripts: dict[int, WorkerScript] = {}
 
     @initialize(seed=st.integers(0, 2**32 - 1), workers=st.integers(1, 3))
     def open_target(self, seed: int, workers: int) -> None:
-        self.context = self.adapter.open(TargetConfig(seed))
-        self.target = self.context.__enter__()
+        self.open(TargetConfig(seed))
         for _ in range(workers):
             self.add_worker()
-
-    def teardown(self) -> None:
-        if self.context is not None:
-            self.context.__exit__(None, None, None)
 
     @precondition(lambda self: len(self.scripts) < MAX_WORKERS)
     @rule()
@@ -167,5 +153,4 @@ class MigrationMachine(RuleBasedStateMachine):
 )  # fmt: skip
 @requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
 def test_migration_machine(adapter: Adapter) -> None:
-    factory = lambda: MigrationMachine(adapter)  # noqa: E731
-    run_state_machine_as_test(factory, settings=settings())  # type: ignore[arg-type]
+    MigrationMachine.run(adapter)

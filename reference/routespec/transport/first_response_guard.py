@@ -42,10 +42,10 @@ class RetainedDispatchSlots:
 
 
 PROCESS_SLOTS = RetainedDispatchSlots()
-"""The process-wide bound every ``GuardedDispatch`` shares by default."""
+"""The process-wide bound every ``FirstResponseGuardedDispatch`` shares by default."""
 
 
-class GuardedDispatch:
+class FirstResponseGuardedDispatch:
     """A ``StreamingDispatch`` that retains guarded dispatches until their first item."""
 
     def __init__(
