@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import covers, require, require_compare, require_equal, requires
 from routespec.testing.target import Capability, DiscoveryTarget, ListedInstance, Target
 
 STORE = Capability.DISCOVERY_STORE
@@ -74,9 +74,10 @@ def test_a_registration_reaches_its_endpoints_watchers(target: Target) -> None:
             listed.get(worker) == expected and expected.address is not None,
             f"watcher {watcher} lists {listed}; expected {worker:x} as {expected}",
         )
-        require(
+        require_equal(
             "DSC-001",
-            store.events(watcher) == (("added", worker),),
+            store.events(watcher),
+            (("added", worker),),
             f"watcher {watcher} reported {store.events(watcher)}; expected {worker:x} added",
         )
 
@@ -91,9 +92,10 @@ def test_a_watcher_lists_only_its_own_endpoint(target: Target) -> None:
     after = {endpoint: store.register(endpoint) for endpoint in endpoints}
     store.advance(store.timing().propagation)
     for endpoint, watcher in watchers.items():
-        require(
+        require_equal(
             "DSC-002",
-            ids(store, watcher) == {before[endpoint], after[endpoint]},
+            ids(store, watcher),
+            {before[endpoint], after[endpoint]},
             f"the watcher of {endpoint} lists {sorted(ids(store, watcher))}; its endpoint's "
             f"instances are {before[endpoint]}, {after[endpoint]} (all: {before}, {after})",
         )
@@ -107,9 +109,10 @@ def test_a_watcher_starts_from_what_is_registered(target: Target) -> None:
     store.advance(2 * store.timing().renewal)
     second = store.register(ENDPOINT)
     watcher = store.watch(ENDPOINT)
-    require(
+    require_equal(
         "DSC-003",
-        ids(store, watcher) == {first, second},
+        ids(store, watcher),
+        {first, second},
         f"a watcher started after {first} and {second} registered first lists "
         f"{sorted(ids(store, watcher))}",
     )
@@ -128,10 +131,13 @@ def test_a_withdrawn_registration_is_gone_for_good(target: Target) -> None:
     store.advance(timing.propagation)
     store.withdraw(worker)
     store.advance(timing.propagation)
-    require("DSC-004", store.record(worker) is None, f"{worker} withdrawn, its record is kept")
-    require(
+    require_compare(
+        "DSC-004", store.record(worker), "is", None, f"{worker} withdrawn, its record is kept"
+    )
+    require_equal(
         "DSC-004",
-        ids(store, watcher) == {other},
+        ids(store, watcher),
+        {other},
         f"after {worker} withdrew the watcher lists {sorted(ids(store, watcher))}",
     )
     expected = (("added", worker), ("added", other), ("removed", worker))
@@ -166,9 +172,10 @@ def test_renewal_keeps_a_running_registration_alive(target: Target) -> None:
             ids(store, watcher) == {worker} and store.record(worker) is not None,
             f"{elapsed:.1f} s after registering, the running {worker} is not listed",
         )
-    require(
+    require_equal(
         "DSC-005",
-        store.events(watcher) == (("added", worker),),
+        store.events(watcher),
+        (("added", worker),),
         f"the watcher reported {store.events(watcher)}",
     )
 
@@ -198,15 +205,19 @@ def test_a_killed_process_lapses_after_ttl_not_before(target: Target, renewed: b
         f"the watcher lists {sorted(ids(store, watcher))}; {killed} should still be listed",
     )
     store.advance(timing.ttl + delay - hold)
-    require(
+    require_equal(
         "DSC-006",
-        ids(store, watcher) == {running},
+        ids(store, watcher),
+        {running},
         f"ttl + {delay} s after the kill the watcher lists {sorted(ids(store, watcher))}",
     )
-    require("DSC-006", store.record(killed) is None, f"the record of {killed} is still stored")
-    require(
+    require_compare(
+        "DSC-006", store.record(killed), "is", None, f"the record of {killed} is still stored"
+    )
+    require_equal(
         "DSC-006",
-        store.events(watcher)[-1] == ("removed", killed),
+        store.events(watcher)[-1],
+        ("removed", killed),
         f"the watcher reported {store.events(watcher)}",
     )
 
@@ -220,10 +231,10 @@ def test_records_use_dynamos_key_layout_and_record(target: Target) -> None:
     store = target.open_discovery()
     worker = store.register(ENDPOINT, device="cpu")
     record = store.record(worker)
-    require("DSC-007", record is not None, f"no record is stored for {worker}")
+    require_compare("DSC-007", record, "is not", None, f"no record is stored for {worker}")
     assert record is not None
     key = f"v1/instances/{ENDPOINT}/{worker:x}"
-    require("DSC-007", record.key == key, f"stored under {record.key!r}; expected {key!r}")
+    require_equal("DSC-007", record.key, key, f"stored under {record.key!r}; expected {key!r}")
     document = json.loads(record.value)
     namespace, component, endpoint = ENDPOINT.split("/")
     require(
@@ -255,17 +266,20 @@ def test_records_use_dynamos_key_layout_and_record(target: Target) -> None:
         and re.fullmatch(rf"[^/]+:\d+/{worker:x}/{re.escape(ENDPOINT)}", address) is not None,
         f"transport is {transport}; expected {{'tcp': 'host:port/{worker:x}/{ENDPOINT}'}}",
     )
-    require(
+    require_compare(
         "DSC-007",
-        document["request_plane_codec"] in ("msgpack", "json"),
+        document["request_plane_codec"],
+        "in",
+        ("msgpack", "json"),
         f"request_plane_codec is {document['request_plane_codec']!r}",
     )
     store.put_raw(DYNAMO_ENDPOINT, DYNAMO_ID, DYNAMO_RECORD)
     watcher = store.watch(DYNAMO_ENDPOINT)
     listed = store.listed(watcher)
-    require(
+    require_equal(
         "DSC-007",
-        listed == {DYNAMO_ID: ListedInstance(DYNAMO_ADDRESS, "cuda")},
+        listed,
+        {DYNAMO_ID: ListedInstance(DYNAMO_ADDRESS, "cuda")},
         f"Dynamo's record is listed as {listed}",
     )
 
@@ -321,9 +335,10 @@ def test_malformed_records_are_skipped(target: Target, value: bytes) -> None:
     store.advance(store.timing().propagation)
     late = store.watch(ENDPOINT)
     for watcher in (early, late):
-        require(
+        require_equal(
             "DSC-008",
-            ids(store, watcher) == {worker, 0x600D},
+            ids(store, watcher),
+            {worker, 0x600D},
             f"watcher {watcher} lists {sorted(map(hex, ids(store, watcher)))}; expected "
             f"{worker:#x} and 0x600d, and not the malformed 0xbad",
         )
@@ -350,9 +365,10 @@ def test_a_store_that_lost_its_records_is_repopulated(target: Target) -> None:
     )
     newcomer = store.register(ENDPOINT)
     store.advance(timing.propagation)
-    require(
+    require_equal(
         "DSC-010",
-        ids(store, watcher) == {worker, newcomer},
+        ids(store, watcher),
+        {worker, newcomer},
         f"after the loss the watcher lists {sorted(ids(store, watcher))}; {newcomer} "
         f"registered since",
     )
@@ -383,13 +399,16 @@ def test_an_unusable_store_is_refused_naming_its_argument(
 ) -> None:
     store = target.open_discovery()
     usable = store.refusal(store.address(), 10.0)
-    require("DSC-011", usable is None, f"the usable {store.address()} is refused ({usable})")
+    require_compare(
+        "DSC-011", usable, "is", None, f"the usable {store.address()} is refused ({usable})"
+    )
     if address == OWN_STORE:
         address = store.address()
     named = store.refusal(address, ttl)
-    require(
+    require_equal(
         "DSC-011",
-        named == argument,
+        named,
+        argument,
         f"opening {address!r} with ttl {ttl} named {named!r}; expected a refusal naming {argument}",
     )
 
@@ -416,9 +435,10 @@ def test_a_watchers_reports_agree_with_its_list(target: Target) -> None:
             replayed = (first | {i for i, kind in last.items() if kind == "added"}) - {
                 i for i, kind in last.items() if kind == "removed"
             }
-            require(
+            require_equal(
                 "DSC-012",
-                ids(store, watcher) == replayed,
+                ids(store, watcher),
+                replayed,
                 f"after {step}: watcher {watcher} lists {sorted(ids(store, watcher))}; its "
                 f"first read {sorted(first)} and reports {store.events(watcher)} give "
                 f"{sorted(replayed)}",
@@ -445,8 +465,9 @@ def test_a_watchers_reports_agree_with_its_list(target: Target) -> None:
         act()
         agree(step)
     first = min(first_reads)
-    require(
+    require_equal(
         "DSC-012",
-        ids(store, first) == {workers[2], workers[3]},
+        ids(store, first),
+        {workers[2], workers[3]},
         f"the first watcher ends with {sorted(ids(store, first))}; expected {workers[2:]}",
     )

@@ -12,7 +12,14 @@ from collections.abc import Callable, Mapping, Sequence
 import pytest
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.scenario import (
     BUILTIN_MODES,
     MODE_CAPABILITY,
@@ -71,9 +78,9 @@ def fails_untouched(
         error is not None and error.pre_stream and not outcome.items,
         f"{call} ended {outcome}; expected a failure before any stream",
     )
-    require(
+    require_false(
         requirement,
-        not reached(target, request),
+        reached(target, request),
         f"{call} failed but reached workers {reached(target, request)}",
     )
     return outcome
@@ -129,9 +136,11 @@ def test_direct_never_reaches_another_worker(target: Target) -> None:
     attempt("the target vanished")
     for situation, request in requests:
         delivered = reached(target, request)
-        require(
+        require_compare(
             "DSP-001",
-            set(delivered) <= {chosen},
+            set(delivered),
+            "<=",
+            {chosen},
             f"direct({chosen}) when {situation} reached {delivered} (workers {workers})",
         )
 
@@ -145,9 +154,9 @@ def test_direct_to_a_vanished_worker_is_cannot_connect(target: Target) -> None:
     vanished, _ = target.add_worker(), target.add_worker()
     target.vanish_worker(vanished)
     fails_untouched(target, Direct(vanished), "DSP-002", "CannotConnect")
-    require(
+    require_false(
         "DSP-002",
-        not target.dispatch_log(),
+        target.dispatch_log(),
         f"no worker may be reached, the log is {list(target.dispatch_log())}",
     )
 
@@ -246,9 +255,9 @@ def test_constrained_fallback_stays_inside_its_set(target: Target) -> None:
         succeeds_on(target, DirectWithin(vanished, frozenset(allowed)), allowed, "DSP-006")
     target.mark_overloaded(third, True)
     request = target.submit(DirectWithin(vanished, frozenset({third})))
-    require(
+    require_false(
         "DSP-006",
-        not reached(target, request),
+        reached(target, request),
         f"fallback allowed only to overloaded {third} reached {reached(target, request)} "
         f"(free outside the set: {second}, {fourth})",
     )
@@ -316,9 +325,9 @@ def test_no_fallback_candidate_stays_untyped(
     vanished, *others = (target.add_worker() for _ in range(3))
     target.vanish_worker(vanished)
     fails_untouched(target, case(target, vanished, others), "DSP-008", None)
-    require(
+    require_false(
         "DSP-008",
-        not target.dispatch_log(),
+        target.dispatch_log(),
         f"no worker may be reached, the log is {list(target.dispatch_log())}",
     )
 
@@ -366,9 +375,10 @@ def test_preselected_to_an_overloaded_target_is_worker_overloaded(target: Target
 
 def _require_prepared_for_reached(target: Target, context: str) -> None:
     for delivery in target.dispatch_log():
-        require(
+        require_equal(
             "DSP-010",
-            delivery.prepared_for == delivery.worker_id,
+            delivery.prepared_for,
+            delivery.worker_id,
             f"{context}: {delivery.request_id} reached worker {delivery.worker_id} but was "
             f"prepared for {delivery.prepared_for}",
         )
@@ -381,7 +391,7 @@ def test_prepare_sees_the_exact_target(target: Target) -> None:
     for worker in workers:
         target.submit(Direct(worker))
         target.submit(Preselected(worker))
-    require("DSP-010", len(target.dispatch_log()) == 6, f"log {list(target.dispatch_log())}")
+    require_equal("DSP-010", len(target.dispatch_log()), 6, f"log {list(target.dispatch_log())}")
     _require_prepared_for_reached(target, "direct and preselected")
 
 
@@ -411,9 +421,10 @@ def test_prepare_sees_the_selected_worker(target: Target, mode: str) -> None:
     target.vanish_worker(vanished)
     for _ in range(8):
         target.submit(Generate(mode))
-    require(
+    require_equal(
         "DSP-010",
-        len(target.dispatch_log()) == 8,
+        len(target.dispatch_log()),
+        8,
         f"8 generate({mode}) calls with two live workers gave log {list(target.dispatch_log())}",
     )
     _require_prepared_for_reached(target, f"generate({mode})")
@@ -447,9 +458,10 @@ def test_permits_are_released_exactly_once(target: Target, call_kind: str) -> No
         return Preselected(to) if call_kind == "preselected" else Generate("least-loaded")
 
     def after(ending: str, expected: dict[int, int]) -> None:
-        require(
+        require_equal(
             "DSP-011",
-            loads(target) == expected,
+            loads(target),
+            expected,
             f"{call_kind}: after a request ended by {ending}, occupancy is {loads(target)}; "
             f"expected {expected} (the witness only)",
         )
@@ -489,7 +501,7 @@ def test_permits_are_released_exactly_once(target: Target, call_kind: str) -> No
 
     target.release_stalled(worker)
     outcome = finished(target, witness, "DSP-011")
-    require("DSP-011", outcome.error is None, f"the witness ended {outcome}")
+    require_compare("DSP-011", outcome.error, "is", None, f"the witness ended {outcome}")
     after("the end of every stream", {})
 
 
@@ -510,21 +522,24 @@ def test_a_fallback_moves_the_permit(target: Target, mode: str) -> None:
     target.vanish_worker(vanished)
     request = target.submit(Generate(mode))
     delivered = reached(target, request)
-    require(
+    require_equal(
         "DSP-012",
-        delivered == [other],
+        delivered,
+        [other],
         f"generate({mode}) with {vanished} vanished reached {delivered}, expected [{other}]",
     )
-    require(
+    require_equal(
         "DSP-012",
-        loads(target) == {other: 2},
+        loads(target),
+        {other: 2},
         f"after falling back from {vanished} to {other}, occupancy is {loads(target)}; "
         f"expected {{{other}: 2}}",
     )
     target.release_stalled(other)
-    require(
+    require_equal(
         "DSP-012",
-        loads(target) == {},
+        loads(target),
+        {},
         f"after every stream ended, occupancy is {loads(target)}, expected none",
     )
 
@@ -564,9 +579,11 @@ def test_a_stalled_stream_is_delivered_whole(target: Target, kind: str) -> None:
     worker = target.add_worker()
     target.script_worker(worker, Stall(items=2, items_after=3))
     request = target.submit(_call(kind, worker))
-    require(
+    require_compare(
         "DSP-013",
-        target.outcome(request) is None,
+        target.outcome(request),
+        "is",
+        None,
         f"{kind}: the stream ended while the worker was stalled: {target.outcome(request)}",
     )
     target.release_stalled(worker)
@@ -681,7 +698,7 @@ def test_each_call_delivers_at_most_once(target: Target) -> None:
     submitted = [target.submit(call) for call in calls]
     counts = Counter(d.request_id for d in target.dispatch_log())
     repeated = {rid: n for rid, n in counts.items() if n > 1}
-    require("DSP-014", not repeated, f"requests delivered more than once: {repeated}")
+    require_false("DSP-014", repeated, f"requests delivered more than once: {repeated}")
     require(
         "DSP-014",
         set(counts) <= set(submitted) and len(counts) == len(submitted) - 1,

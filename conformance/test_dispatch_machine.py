@@ -14,7 +14,14 @@ from hypothesis.stateful import (
 )
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import covers, exercised, require
+from routespec.conformance.checks import (
+    covers,
+    exercised,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+)
 from routespec.conformance.machine import TargetMachine
 from routespec.conformance.model import (
     BUILTIN_MODES,
@@ -138,7 +145,7 @@ class DispatchMachine(TargetMachine):
                 self.target.drop(request_id)
             if sys.exc_info()[1] is None and self.has(Capability.OBSERVE_OCCUPANCY):
                 occupancy = dict(self.target.occupancy())
-                require("DSP-011", not occupancy, f"occupancy {occupancy} with no stream open")
+                require_false("DSP-011", occupancy, f"occupancy {occupancy} with no stream open")
         finally:
             super().teardown()
 
@@ -169,8 +176,8 @@ class DispatchMachine(TargetMachine):
         self.model.kill(worker_id)
         for request_id, script in stalled.items():
             outcome = self.target.outcome(request_id)
-            require(
-                "DSP-015", outcome is not None, f"{request_id} still open after its worker died"
+            require_compare(
+                "DSP-015", outcome, "is not", None, f"{request_id} still open after its worker died"
             )
             assert outcome is not None
             require(
@@ -266,9 +273,11 @@ class DispatchMachine(TargetMachine):
     def direct(self, pick: int, unknown: bool) -> None:
         target = UNKNOWN_WORKER if unknown or not self.model.workers else self.worker(pick)
         reached = self.dispatch(Direct(target))
-        require(
+        require_compare(
             "DSP-001",
-            reached in (None, target),
+            reached,
+            "in",
+            (None, target),
             f"direct({target}) reached worker {reached}",
         )
 
@@ -292,13 +301,17 @@ class DispatchMachine(TargetMachine):
     def preselected(self, pick: int) -> None:
         target = self.worker(pick)
         reached = self.dispatch(Preselected(target))
-        require("DSP-009", reached in (None, target), f"preselected {target} reached {reached}")
+        require_compare(
+            "DSP-009", reached, "in", (None, target), f"preselected {target} reached {reached}"
+        )
 
     def dispatch(self, call: Call) -> int | None:
         """Submit ``call``, check the outcome against the model's branches, adopt the state."""
         request_id = self.target.submit(call)
         deliveries = [d for d in self.target.dispatch_log() if d.request_id == request_id]
-        require("DSP-014", len(deliveries) <= 1, f"{call} was delivered {len(deliveries)} times")
+        require_compare(
+            "DSP-014", len(deliveries), "<=", 1, f"{call} was delivered {len(deliveries)} times"
+        )
         reached = deliveries[0].worker_id if deliveries else None
         outcome = self.target.outcome(request_id)
         if outcome is not None and outcome.items:
@@ -327,22 +340,27 @@ class DispatchMachine(TargetMachine):
             return
         target = self.model.workers.get(call.worker_id)
         if target is not None and not target.record and call.worker_id in self.model.overloaded():
-            require(
+            require_compare(
                 "DSP-003",
-                outcome.error.type != "WorkerOverloaded",
+                outcome.error.type,
+                "!=",
+                "WorkerOverloaded",
                 f"{call}: the target has no transport record but the dispatch failed as "
                 f"overloaded: {outcome.error.describe()}",
             )
 
     def check_items(self, call: Call, reached: int | None, outcome: Outcome) -> None:
         indexes = [item.get("index") if isinstance(item, dict) else None for item in outcome.items]
-        require(
+        require_equal(
             "DSP-013",
-            indexes == list(range(len(outcome.items))),
+            indexes,
+            list(range(len(outcome.items))),
             f"{call}: items out of order or lost: indexes {indexes}",
         )
         sources = {item.get("worker") for item in outcome.items if isinstance(item, dict)}
-        require("DSP-014", sources == {reached}, f"{call}: items from {sources}, reached {reached}")
+        require_equal(
+            "DSP-014", sources, {reached}, f"{call}: items from {sources}, reached {reached}"
+        )
 
     @staticmethod
     def matches(expected: Expected, reached: int | None, outcome: Outcome | None) -> bool:
@@ -397,9 +415,10 @@ class DispatchMachine(TargetMachine):
         if self.context is None or not self.has(Capability.OBSERVE_WORKER_SETS):
             return
         sets, model = self.target.worker_sets(), self.model
-        require(
+        require_equal(
             "SET-001",
-            sets.discovered == model.discovered(),
+            sets.discovered,
+            model.discovered(),
             self.diff("discovered", sets.discovered, model.discovered()),
         )
         # Compared below (a mismatch names the rule at fault), with the FLT rules the model
@@ -419,9 +438,10 @@ class DispatchMachine(TargetMachine):
                 False,
                 self.diff("overloaded", sets.overloaded, overloaded),
             )
-        require(
+        require_equal(
             "SET-004",
-            sets.free == sets.routable - sets.overloaded,
+            sets.free,
+            sets.routable - sets.overloaded,
             self.diff("free", sets.free, sets.routable - sets.overloaded),
         )
 
@@ -452,16 +472,17 @@ class DispatchMachine(TargetMachine):
         observed, expected = dict(self.target.occupancy()), self.model.occupancy()
         exercised("DSP-011", "SEL-011")
         rule_id = "SEL-011" if sum(observed.values()) < sum(expected.values()) else "DSP-011"
-        require(rule_id, observed == expected, f"occupancy {observed}, expected {expected}")
+        require_equal(rule_id, observed, expected, f"occupancy {observed}, expected {expected}")
 
     @invariant()
     def inflight_matches_open_streams(self) -> None:
         if self.context is None or not self.has(Capability.OBSERVE_INFLIGHT):
             return
         inflight, still_open = self.target.transport_inflight(), len(self.model.open)
-        require(
+        require_equal(
             "TRN-015",
-            inflight == still_open,
+            inflight,
+            still_open,
             f"the transport counts {inflight} dispatches in flight; {still_open} streams are open",
         )
 
@@ -470,9 +491,10 @@ class DispatchMachine(TargetMachine):
         if self.context is None or not self.has(Capability.OBSERVE_PREPARED_TARGET):
             return
         for delivery in self.target.dispatch_log():
-            require(
+            require_equal(
                 "DSP-010",
-                delivery.prepared_for == delivery.worker_id,
+                delivery.prepared_for,
+                delivery.worker_id,
                 f"{delivery.request_id} reached {delivery.worker_id}, "
                 f"prepared for {delivery.prepared_for}",
             )

@@ -15,7 +15,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.scenario import spec_of
 from routespec.testing.target import (
     Adapter,
@@ -51,9 +58,10 @@ def test_every_type_of_the_closed_set_is_understood(adapter: Adapter) -> None:
     with adapter.open(TargetConfig()) as target:
         for label in oracle.TYPE_LABELS:
             observed = target.classify(ErrorSpec(label))
-            require(
+            require_equal(
                 "ERR-001",
-                observed == oracle.classify([label]),
+                observed,
+                oracle.classify([label]),
                 f"{label} classifies as {observed}, expected {oracle.classify([label])}",
             )
             deep = [None, "Unknown", None, label]
@@ -112,15 +120,17 @@ def test_router_reported_errors_use_the_closed_set(adapter: Adapter) -> None:
             continue
         failures += 1
         strange = [t for t in outcome.error.typed_chain if t not in oracle.TYPE_LABELS]
-        require(
+        require_false(
             "ERR-001",
-            not strange,
+            strange,
             f"{situation}: error {outcome.error.describe()} has types {strange} outside the "
             "closed set",
         )
-    require(
+    require_compare(
         "ERR-001",
-        failures > 0,
+        failures,
+        ">",
+        0,
         f"expected the router to report errors in these failure situations, saw none: {errors}",
     )
 
@@ -149,9 +159,10 @@ def test_a_type_at_any_depth_is_read(adapter: Adapter) -> None:
             untyped_outer = [*([None] * len(wrappers)), label, *below]
             expected = oracle.classify([label])
             observed = target.classify(spec_of(untyped_outer))
-            require(
+            require_equal(
                 "ERR-002",
-                observed == expected,
+                observed,
+                expected,
                 f"{show(untyped_outer)} classifies as {observed}; the first typed link {label} "
                 f"at depth {len(wrappers)} gives {expected}",
             )
@@ -168,14 +179,16 @@ def test_each_type_has_its_class_and_default_reason(adapter: Adapter) -> None:
     with adapter.open(TargetConfig()) as target:
         for label in oracle.TYPE_LABELS:
             error_class, reason = target.classify(ErrorSpec(label, "boom"))
-            require(
+            require_equal(
                 "ERR-003",
-                error_class == oracle.CLASS_OF[label],
+                error_class,
+                oracle.CLASS_OF[label],
                 f"{label} has class {error_class}, the table gives {oracle.CLASS_OF[label]}",
             )
-            require(
+            require_equal(
                 "ERR-004",
-                reason == oracle.DEFAULT_REASON[label],
+                reason,
+                oracle.DEFAULT_REASON[label],
                 f"{label} without an explicit reason has reason {reason!r}, "
                 f"expected the default {oracle.DEFAULT_REASON[label]!r}",
             )
@@ -190,9 +203,10 @@ def test_a_typed_error_takes_the_class_of_its_own_type(adapter: Adapter) -> None
         def check(label: str, causes: list[str | None]) -> None:
             chain = [label, *causes]
             error_class, _ = target.classify(spec_of(chain))
-            require(
+            require_equal(
                 "ERR-003",
-                error_class == oracle.CLASS_OF[label],
+                error_class,
+                oracle.CLASS_OF[label],
                 f"{show(chain)} has class {error_class}; its outer type {label} gives "
                 f"{oracle.CLASS_OF[label]}",
             )
@@ -208,15 +222,18 @@ def test_reasons_are_short_machine_readable_and_defaulted(adapter: Adapter) -> N
         @given(chain=chains)
         def check(chain: list[str | None]) -> None:
             _, reason = target.classify(spec_of(chain))
-            require(
+            require_compare(
                 "ERR-004",
-                oracle.REASON_PATTERN.fullmatch(reason) is not None,
+                oracle.REASON_PATTERN.fullmatch(reason),
+                "is not",
+                None,
                 f"{show(chain)} has reason {reason!r}, not 1..128 characters of [a-z0-9._-]",
             )
             expected = oracle.classify(chain)[1]
-            require(
+            require_equal(
                 "ERR-004",
-                reason == expected,
+                reason,
+                expected,
                 f"{show(chain)} has reason {reason!r}, expected default {expected!r}",
             )
 
@@ -238,9 +255,10 @@ def test_an_untyped_error_takes_class_and_reason_from_its_chain(adapter: Adapter
             chain = [*([None] * wrappers), *rest]
             observed = target.classify(spec_of(chain))
             expected = oracle.classify(chain)
-            require(
+            require_equal(
                 "ERR-005",
-                observed == expected,
+                observed,
+                expected,
                 f"the untyped error {show(chain)} classifies as {observed}, expected {expected} "
                 "(first typed link, or Internal / runtime.unclassified)",
             )
@@ -277,7 +295,7 @@ def test_messages_are_bounded(adapter: Adapter) -> None:
         def check(message: str) -> None:
             bounded = target.bounded_message(message)
             problem = oracle.message_bound_violation(message, bounded)
-            require("ERR-006", problem is None, str(problem))
+            require_compare("ERR-006", problem, "is", None, str(problem))
 
         check()
 
@@ -301,9 +319,11 @@ def test_a_worker_cannot_make_a_reported_message_unbounded(target: Target) -> No
     assert outcome.error is not None
     for label, message in outcome.error.links:
         size = len(message.encode())
-        require(
+        require_compare(
             "ERR-006",
-            size <= oracle.MAX_MESSAGE_BYTES,
+            size,
+            "<=",
+            oracle.MAX_MESSAGE_BYTES,
             f"link {label} reached the caller with a {size}-byte message (> 4096)",
         )
     _, outer_message = outcome.error.links[0]
@@ -335,18 +355,19 @@ def test_untyped_links_neither_match_nor_veto(adapter: Adapter) -> None:
                 "untyped links added": target.match_error_chain(with_wrappers, include, exclude),
             }
             expected = oracle.match_chain(chain, include, exclude)
-            require(
+            require_equal(
                 "ERR-007",
-                set(results.values()) == {expected},
+                set(results.values()),
+                {expected},
                 f"{show(chain)} with include {include}, exclude {exclude}: {results}; "
                 f"untyped links must not change the answer {expected}",
             )
             every_label = list(oracle.TYPE_LABELS)
             untyped_only = [None] * len(chain)
             for inc, exc in ((every_label, []), ([], every_label), (every_label, every_label)):
-                require(
+                require_false(
                     "ERR-007",
-                    not target.match_error_chain(untyped_only, inc, exc),
+                    target.match_error_chain(untyped_only, inc, exc),
                     f"a chain of {len(chain)} untyped links matched include {len(inc)} types, "
                     f"exclude {len(exc)} types",
                 )
@@ -376,9 +397,9 @@ def test_an_exclude_anywhere_vetoes_an_include(adapter: Adapter) -> None:
             included, excluded = pair
             first, second = (excluded, included) if exclude_first else (included, excluded)
             chain = [*outer, first, *middle, second, *inner]
-            require(
+            require_false(
                 "ERR-008",
-                not target.match_error_chain(chain, [included], [excluded]),
+                target.match_error_chain(chain, [included], [excluded]),
                 f"{show(chain)} matched include [{included}] although {excluded} (excluded) "
                 "is a link of the chain",
             )
@@ -421,9 +442,10 @@ def test_an_include_anywhere_matches(adapter: Adapter) -> None:
             expected = oracle.match_chain(chain, include, exclude)
             observed = target.match_error_chain(chain, include, exclude)
             vetoed = any(label in exclude for label in oracle.typed(chain))
-            require(
+            require_equal(
                 "ERR-008" if vetoed else "ERR-009",
-                observed == expected,
+                observed,
+                expected,
                 f"{show(chain)} with include {include}, exclude {exclude}: {observed}, "
                 f"expected {expected}",
             )

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 import pytest
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import RequirementViolation, covers, require, requires
+from routespec.conformance.checks import (
+    RequirementViolation,
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    requires,
+)
 from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import finished, reached, shows, spec_of
 from routespec.testing.target import (
@@ -95,9 +102,11 @@ def test_an_inhibiting_error_inhibits_the_worker(
     )
     target.advance_time(4.5)
     sets = target.worker_sets()
-    require(
+    require_compare(
         "FLT-001",
-        worker not in sets.routable,
+        worker,
+        "not in",
+        sets.routable,
         f"4.5 s after {show(labels)} ({where}), worker {worker} is routable again "
         f"({sorted(sets.routable)}); inhibition lasts 5 s",
     )
@@ -135,11 +144,14 @@ def test_a_dead_worker_is_inhibited(target: Target) -> None:
     target.kill_worker(streaming)
     target.kill_worker(idle)
     refused = finished(target, target.submit(Direct(idle)), "FLT-001")
-    require("FLT-001", refused.error is not None, f"direct to a killed worker ended {refused}")
+    require_compare(
+        "FLT-001", refused.error, "is not", None, f"direct to a killed worker ended {refused}"
+    )
     sets = target.worker_sets()
-    require(
+    require_equal(
         "FLT-001",
-        sets.routable == {other},
+        sets.routable,
+        {other},
         f"after worker {streaming} died mid-stream ({target.outcome(open_request)}) and "
         f"worker {idle} refused a connection ({refused}), routable is {sorted(sets.routable)}, "
         f"expected [{other}]",
@@ -161,23 +173,28 @@ def test_inhibition_expires_after_five_seconds(target: Target) -> None:
     worker, other = target.add_worker(), target.add_worker()
     fail_once(target, worker, FailBeforeStream(ErrorSpec("CannotConnect")), "FLT-002")
     target.advance_time(4.5)
-    require(
+    require_compare(
         "FLT-002",
-        worker not in target.worker_sets().routable,
+        worker,
+        "not in",
+        target.worker_sets().routable,
         f"worker {worker} is routable 4.5 s after failing with CannotConnect",
     )
     target.advance_time(0.5)
     sets = target.worker_sets()
-    require(
+    require_equal(
         "FLT-002",
-        sets.routable == {worker, other},
+        sets.routable,
+        {worker, other},
         f"5 s after worker {worker} was reported down, routable is {sorted(sets.routable)}; "
         f"expected [{worker}, {other}]",
     )
     picks = {w for _ in range(2) for w in reached(target, target.submit(Generate("round-robin")))}
-    require(
+    require_compare(
         "FLT-002",
-        worker in picks,
+        worker,
+        "in",
+        picks,
         f"after the inhibition lapsed, two round-robin requests reached {sorted(picks)}, "
         f"never worker {worker}",
     )
@@ -191,15 +208,19 @@ def test_inhibition_counts_from_the_last_report(target: Target) -> None:
     target.advance_time(3.0)
     target.report_down(worker)
     target.advance_time(3.0)
-    require(
+    require_compare(
         "FLT-002",
-        worker not in target.worker_sets().routable,
+        worker,
+        "not in",
+        target.worker_sets().routable,
         f"worker {worker} is routable 6 s after the first report but 3 s after the last",
     )
     target.advance_time(2.0)
-    require(
+    require_compare(
         "FLT-002",
-        worker in target.worker_sets().routable,
+        worker,
+        "in",
+        target.worker_sets().routable,
         f"worker {worker} is still not routable 5 s after it was last reported down",
     )
 
@@ -216,15 +237,19 @@ def test_a_configured_duration_is_honoured(open_target: OpenTarget) -> None:
         worker = target.add_worker()
         target.report_down(worker)
         target.advance_time(1.5)
-        require(
+        require_compare(
             "FLT-002",
-            worker not in target.worker_sets().routable,
+            worker,
+            "not in",
+            target.worker_sets().routable,
             f"with a 2 s inhibition, worker {worker} is routable 1.5 s after being reported down",
         )
         target.advance_time(0.5)
-        require(
+        require_compare(
             "FLT-002",
-            worker in target.worker_sets().routable,
+            worker,
+            "in",
+            target.worker_sets().routable,
             f"with a 2 s inhibition, worker {worker} is not routable 2 s after being reported down",
         )
 
@@ -239,9 +264,10 @@ def test_zero_duration_report_down_leaves_the_worker_routable(open_target: OpenT
         worker, other = target.add_worker(), target.add_worker()
         target.report_down(worker)
         sets = target.worker_sets()
-        require(
+        require_equal(
             "FLT-003",
-            sets.routable == {worker, other},
+            sets.routable,
+            {worker, other},
             f"with inhibition duration 0, reporting {worker} down left routable "
             f"{sorted(sets.routable)}",
         )
@@ -261,9 +287,10 @@ def test_zero_duration_failure_leaves_the_worker_selectable(open_target: OpenTar
         picks = {
             w for _ in range(2) for w in reached(target, target.submit(Generate("round-robin")))
         }
-        require(
+        require_equal(
             "FLT-003",
-            picks == {worker, other},
+            picks,
+            {worker, other},
             f"with inhibition duration 0, after {worker} failed with Disconnected two "
             f"round-robin requests reached {sorted(picks)}, expected both workers",
         )
@@ -301,9 +328,10 @@ def test_worker_overloaded_leases_overload_for_one_second(
         "(still routable, not free)",
     )
     target.advance_time(0.5)
-    require(
+    require_equal(
         "FLT-004",
-        target.worker_sets().overloaded == {worker},
+        target.worker_sets().overloaded,
+        {worker},
         f"0.5 s into its 1 s lease, worker {worker} is no longer overloaded",
     )
     target.advance_time(0.5)
@@ -328,15 +356,17 @@ def test_a_monitor_verdict_outlives_the_lease(target: Target) -> None:
     fail_once(target, worker, FailMidStream(0, ErrorSpec("WorkerOverloaded")), "FLT-004")
     target.mark_overloaded(worker, True)
     target.advance_time(2.0)
-    require(
+    require_equal(
         "FLT-004",
-        target.worker_sets().overloaded == {worker},
+        target.worker_sets().overloaded,
+        {worker},
         f"after the lease lapsed, worker {worker} is not overloaded though the monitor reports it",
     )
     target.mark_overloaded(worker, False)
-    require(
+    require_equal(
         "FLT-004",
-        target.worker_sets().free == {worker},
+        target.worker_sets().free,
+        {worker},
         f"with the lease lapsed and the monitor verdict cleared, worker {worker} is not free",
     )
 
@@ -397,9 +427,10 @@ def test_other_errors_leave_the_sets_alone(
     before = target.worker_sets()
     fail_once(target, worker, failing(where, spec_of(labels)), "FLT-006")
     after = target.worker_sets()
-    require(
+    require_equal(
         "FLT-006",
-        (after.routable, after.overloaded) == (before.routable, before.overloaded),
+        (after.routable, after.overloaded),
+        (before.routable, before.overloaded),
         f"{show(labels)} ({where}) from worker {worker} changed the sets from {before} to {after}",
     )
 
@@ -436,9 +467,10 @@ def test_the_caller_sees_the_error_unchanged(
         f"the worker failed with {show(labels)} ({where}); the caller saw "
         f"{outcome.error.describe()}, expected typed chain {show(expected)}",
     )
-    require(
+    require_equal(
         "FLT-007",
-        outcome.error.pre_stream == (where == "before-stream"),
+        outcome.error.pre_stream,
+        where == "before-stream",
         f"the worker failed {where}; the caller saw the error "
         f"{'before the stream' if outcome.error.pre_stream else 'as a stream item'}",
     )

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
 from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import reached, tokens
@@ -77,9 +84,10 @@ def test_a_host_builds_only_the_inputs_its_policy_declares(target: Target, polic
     host.route(HostRoute())
     booked = host.bookings()
     target.release_stalled(worker)
-    require(
+    require_equal(
         "HST-001",
-        booked == ({worker: 1} if POLICY_INPUTS[policy] else {}),
+        booked,
+        {worker: 1} if POLICY_INPUTS[policy] else {},
         f"with one request open, a {policy} host booked {booked}: only a policy with a load "
         "input books admitted requests",
     )
@@ -95,22 +103,23 @@ def test_an_occupancy_policy_books_before_dispatch_and_releases_at_the_end(
     host = host_of(target, "HST-002", HostConfig(policy=policy))
     held = host.route(HostRoute())
     chosen = reached(target, held)
-    require("HST-002", host.bookings() == {chosen[0]: 1}, f"booked {host.bookings()}")
+    require_equal("HST-002", host.bookings(), {chosen[0]: 1}, f"booked {host.bookings()}")
     other = host.route(HostRoute())
-    require(
+    require_equal(
         "HST-002",
-        {*chosen, *reached(target, other)} == {first, second},
+        {*chosen, *reached(target, other)},
+        {first, second},
         f"with one worker booked the next request should go to the idle one; the two went "
         f"to {chosen + reached(target, other)}",
     )
     target.release_stalled(first)
     target.release_stalled(second)
-    require("HST-002", host.bookings() == {}, f"bookings after both ended: {host.bookings()}")
+    require_equal("HST-002", host.bookings(), {}, f"bookings after both ended: {host.bookings()}")
     target.script_worker(first, FailBeforeStream(ErrorSpec("Backend(InvalidArgument)")))
     target.script_worker(second, FailMidStream(0, ErrorSpec("Disconnected")))
     for _ in range(2):
         host.route(HostRoute())
-    require("HST-002", host.bookings() == {}, f"bookings after failures: {host.bookings()}")
+    require_equal("HST-002", host.bookings(), {}, f"bookings after failures: {host.bookings()}")
 
 
 # --- HST-003 to HST-009: explicit workers and Direct mode ---
@@ -312,9 +321,10 @@ def started_counter_scenario(target: Target) -> None:
     host = host_of(target, "HST-010", HostConfig(policy="kv"))
 
     def expect(started: int, after: str) -> None:
-        require(
+        require_equal(
             "HST-010",
-            host.counters()[0] == started,
+            host.counters()[0],
+            started,
             f"after {after} started should be {started}, is {host.counters()[0]}",
         )
 
@@ -357,15 +367,16 @@ def completed_counter_scenario(target: Target) -> None:
         host.route(HostRoute(max_tokens=2))
     target.script_worker(worker, Stall(items=1))
     target.drop(host.route(HostRoute(max_tokens=2)))
-    require(
+    require_equal(
         "HST-011",
-        host.counters() == (4, 0),
+        host.counters(),
+        (4, 0),
         f"four admitted requests that failed, drained or were dropped: expected counters "
         f"(4, 0), got {host.counters()}",
     )
     target.script_worker(worker, Serve())
     host.route(HostRoute(max_tokens=2))
-    require("HST-011", host.counters() == (5, 1), f"one finished: {host.counters()}")
+    require_equal("HST-011", host.counters(), (5, 1), f"one finished: {host.counters()}")
 
 
 # --- HST-012 to HST-015: cancellation and the cleanup budget ---
@@ -473,7 +484,7 @@ def test_an_exhausted_budget_cancels_the_request_naming_the_stage(target: Target
     host.hold_session("s")
     request = host.route(HostRoute(phase="decode", staged_kv=True, stopped=True, session="s"))
     target.advance_time(119.0)
-    require("HST-014", target.outcome(request) is None, "the budget is 120 s, not less")
+    require_compare("HST-014", target.outcome(request), "is", None, "the budget is 120 s, not less")
     target.advance_time(2.0)
     outcome, attempts = ended(target, request, "HST-015")
     message = f"Request {request} exhausted its decode cleanup budget at affinity"
@@ -492,7 +503,9 @@ def test_a_request_stopped_while_it_waits_is_cancelled(target: Target) -> None:
     host = host_of(target, "HST-012", HostConfig(policy="round-robin", affinity_ttl=10))
     host.hold_session("s")
     request = host.route(HostRoute(session="s"))
-    require("HST-012", target.outcome(request) is None, "the request should wait for the session")
+    require_compare(
+        "HST-012", target.outcome(request), "is", None, "the request should wait for the session"
+    )
     host.stop(request)
     outcome, attempts = ended(target, request, "HST-012")
     require(
@@ -513,9 +526,11 @@ def test_the_budget_starts_when_a_stage_first_sees_the_stop(target: Target) -> N
     target.advance_time(50.0)  # not stopped yet: no budget is spent
     host.stop(request)
     target.advance_time(119.0)
-    require(
+    require_compare(
         "HST-014",
-        target.outcome(request) is None,
+        target.outcome(request),
+        "is",
+        None,
         f"stopped 119 s ago: the 120 s budget is not spent yet, got {target.outcome(request)}",
     )
     target.advance_time(2.0)
@@ -598,16 +613,18 @@ def lora_inflight_scenario(target: Target) -> None:
     host, replica = lora_host(target, "HST-017", replicas=0)
     target.script_worker(replica, Stall(items=1))
     open_request = host.route(HostRoute(lora="ad", max_tokens=2))
-    require("HST-017", host.lora_inflight() == {"ad": 1}, f"open: {host.lora_inflight()}")
+    require_equal("HST-017", host.lora_inflight(), {"ad": 1}, f"open: {host.lora_inflight()}")
     target.release_stalled(replica)
-    require("HST-017", host.lora_inflight() == {}, f"completed: {host.lora_inflight()}")
-    require("HST-017", target.outcome(open_request) is not None, "the request should have ended")
+    require_equal("HST-017", host.lora_inflight(), {}, f"completed: {host.lora_inflight()}")
+    require_compare(
+        "HST-017", target.outcome(open_request), "is not", None, "the request should have ended"
+    )
     target.script_worker(replica, FailMidStream(1, ErrorSpec("Disconnected")))
     host.route(HostRoute(lora="ad", max_tokens=2))
-    require("HST-017", host.lora_inflight() == {}, f"failed: {host.lora_inflight()}")
+    require_equal("HST-017", host.lora_inflight(), {}, f"failed: {host.lora_inflight()}")
     target.script_worker(replica, Stall(items=1))
     target.drop(host.route(HostRoute(lora="ad", max_tokens=2)))
-    require("HST-017", host.lora_inflight() == {}, f"dropped: {host.lora_inflight()}")
+    require_equal("HST-017", host.lora_inflight(), {}, f"dropped: {host.lora_inflight()}")
 
 
 @covers("HST-018")
@@ -640,7 +657,7 @@ def test_lora_filtering_failures_are_typed(target: Target) -> None:
             failed_with(observed, label, message),
             f"{what}: expected {label} {message!r}, got {observed}",
         )
-    require("HST-018", not attempts, f"no worker should be reached, reached {attempts}")
+    require_false("HST-018", attempts, f"no worker should be reached, reached {attempts}")
 
 
 @covers("HST-019")
@@ -666,7 +683,7 @@ def test_lora_filtering_conflicts_are_refused_at_construction(
 @pytest.mark.parametrize("policy", ["round-robin", "random"])
 def test_lora_filtering_works_with_round_robin_and_random(target: Target, policy: str) -> None:
     built = target.open_host(HostConfig(policy=policy, lora=True))
-    require("HST-019", not isinstance(built, ObservedError), f"{policy} + LoRA refused: {built}")
+    require_false("HST-019", isinstance(built, ObservedError), f"{policy} + LoRA refused: {built}")
 
 
 # --- HST-020: migration over the host ---

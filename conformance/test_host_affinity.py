@@ -11,7 +11,14 @@ import re
 
 import pytest
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
 from routespec.conformance.scenario import MODE_CAPABILITY, finished, reached, shows
 from routespec.testing.target import (
@@ -86,9 +93,10 @@ def bound_to(
 
 def unbound(host: RoutingHostTarget, session: str, requirement: str, detail: str) -> None:
     view = host.session(session)
-    require(
+    require_equal(
         requirement,
-        view == SessionView("unbound"),
+        view,
+        SessionView("unbound"),
         f"{detail}: session {session!r} should be unbound, but is {view}",
     )
 
@@ -112,9 +120,10 @@ def test_the_first_request_initializes_and_later_requests_read_the_target(
     bound_to(host, "first", worker, "AFF-001", "the first request committed its worker")
     for n in range(3):  # round-robin alone would rotate to the other workers
         again = served(target, host.route(HostRoute(session="first")), "AFF-001", f"request {n}")
-        require(
+        require_equal(
             "AFF-001",
-            again == [worker],
+            again,
+            [worker],
             f"request {n + 2} of a session bound to {worker} went to {again}",
         )
     chosen = pool[2]
@@ -122,9 +131,10 @@ def test_the_first_request_initializes_and_later_requests_read_the_target(
     bound_to(host, "preset", chosen, "AFF-001", "bind_session commits its target")
     for n in range(3):
         went = served(target, host.route(HostRoute(session="preset")), "AFF-001", "preset")
-        require(
+        require_equal(
             "AFF-001",
-            went == [chosen],
+            went,
+            [chosen],
             f"request {n + 1} of a session initialized to worker {chosen} went to {went}",
         )
 
@@ -138,9 +148,10 @@ def test_a_contended_session_waits_for_the_initialization(target: Target) -> Non
     workers(target, 2, Serve())
     host = host_of(target, "AFF-002", hard())
     host.hold_session("s")
-    require(
+    require_equal(
         "AFF-002",
-        host.session("s").state == "initializing",
+        host.session("s").state,
+        "initializing",
         f"hold_session should leave the session initializing: {host.session('s')}",
     )
     waiting = host.route(HostRoute(session="s"))
@@ -167,9 +178,11 @@ def test_a_dropped_initialization_leaves_the_session_unbound(target: Target) -> 
     refused(target, stopped, "AFF-002", "a stopped first request")
     unbound(host, "s", "AFF-002", "the first request was cancelled before it bound anything")
     later = host.route(HostRoute(session="s"))
-    require(
+    require_compare(
         "AFF-002",
-        target.outcome(later) is not None,
+        target.outcome(later),
+        "is not",
+        None,
         "a request after dropped initializations must not wait for them: it is still open",
     )
     worker = served(target, later, "AFF-002", "after dropped initializations")[0]
@@ -184,9 +197,10 @@ def test_waiting_requests_take_the_committed_target(target: Target) -> None:
     preview = planned(host.preview(HostRoute(session="s")), "AFF-002")
     unbound(host, "s", "AFF-012", "after a preview")  # else the plan would wait for it
     plan = planned(host.plan(preview.plan_id), "AFF-002")
-    require(
+    require_equal(
         "AFF-002",
-        host.session("s").state == "initializing",
+        host.session("s").state,
+        "initializing",
         f"an open plan holds the session's initialization: {host.session('s')}",
     )
     waiting = host.route(HostRoute(session="s"))
@@ -197,15 +211,17 @@ def test_waiting_requests_take_the_committed_target(target: Target) -> None:
         f"{reached(target, waiting)} with outcome {target.outcome(waiting)}",
     )
     first = host.dispatch_plan(plan.plan_id)
-    require(
+    require_equal(
         "AFF-001",
-        reached(target, first) == [plan.worker_id],
+        reached(target, first),
+        [plan.worker_id],
         f"the plan chose worker {plan.worker_id} but reached {reached(target, first)}",
     )
     bound_to(host, "s", plan.worker_id, "AFF-001", "the plan's dispatch committed its worker")
-    require(
+    require_equal(
         "AFF-002",
-        reached(target, waiting) == [plan.worker_id],
+        reached(target, waiting),
+        [plan.worker_id],
         f"the waiting request should take the target the plan committed ({plan.worker_id}), "
         f"not select again (the other worker is the less loaded one); it reached "
         f"{reached(target, waiting)}",
@@ -227,7 +243,9 @@ def test_a_binding_expires_a_ttl_after_its_last_use(target: Target) -> None:
     worker = served(target, host.route(HostRoute(session="s")), "AFF-003", "first request")[0]
     target.advance_time(TTL - 1)
     went = served(target, host.route(HostRoute(session="s")), "AFF-003", "a use within the TTL")
-    require("AFF-003", went == [worker], f"{TTL - 1} s after binding {worker} it went to {went}")
+    require_equal(
+        "AFF-003", went, [worker], f"{TTL - 1} s after binding {worker} it went to {went}"
+    )
     target.advance_time(TTL - 1)
     bound_to(
         host,
@@ -241,9 +259,10 @@ def test_a_binding_expires_a_ttl_after_its_last_use(target: Target) -> None:
     fresh = other_than(pool, worker)
     host.bind_session("s", fresh)
     went = served(target, host.route(HostRoute(session="s")), "AFF-003", "after expiry")
-    require(
+    require_equal(
         "AFF-003",
-        went == [fresh],
+        went,
+        [fresh],
         f"the expired session was initialized again to {fresh}, but went to {went}",
     )
 
@@ -263,9 +282,9 @@ def test_a_ttl_out_of_range_is_refused_at_construction(target: Target, ttl: floa
 def test_a_ttl_in_range_is_accepted(target: Target, ttl: float) -> None:
     workers(target, 1, Serve())
     built = target.open_host(HostConfig(affinity_ttl=ttl))
-    require(
+    require_false(
         "AFF-003",
-        not isinstance(built, ObservedError),
+        isinstance(built, ObservedError),
         f"a host with affinity TTL {ttl} s should be built, but was refused: {built}",
     )
 
@@ -380,9 +399,10 @@ def test_every_policy_binds_the_first_dispatch(target: Target, policy: str) -> N
             target.release_stalled(stalled)
     for n in range(4):
         went = served(target, host.route(HostRoute(session="s")), "AFF-005", f"request {n + 2}")
-        require(
+        require_equal(
             "AFF-005",
-            went == [worker],
+            went,
+            [worker],
             f"under {policy}, request {n + 2} of a session bound to {worker} went to {went}",
         )
 
@@ -424,9 +444,10 @@ def test_hard_affinity_dispatches_to_an_inhibited_target(target: Target) -> None
         f"requests, but they went to {others}",
     )
     went = served(target, host.route(HostRoute(session="s")), "AFF-006", "inhibited target")
-    require(
+    require_equal(
         "AFF-006",
-        went == [worker],
+        went,
+        [worker],
         f"a hard binding to the locally inhibited worker {worker} should still be "
         f"dispatched there, but the request went to {went}",
     )
@@ -479,9 +500,10 @@ def test_soft_affinity_falls_back_and_the_binding_follows(target: Target, how: s
     worker = served(target, host.route(HostRoute(session="s")), "AFF-007", "first request")[0]
     for n in range(2):  # round-robin alone would rotate away from it
         went = served(target, host.route(HostRoute(session="s")), "AFF-007", "while free")
-        require(
+        require_equal(
             "AFF-007",
-            went == [worker],
+            went,
+            [worker],
             f"request {n + 2} should prefer the free bound worker {worker}, went to {went}",
         )
     unavailable(target, worker, how)
@@ -496,9 +518,10 @@ def test_soft_affinity_falls_back_and_the_binding_follows(target: Target, how: s
     bound_to(host, "s", fallback, "AFF-007", "the binding follows the dispatch")
     for n in range(2):
         again = served(target, host.route(HostRoute(session="s")), "AFF-007", "after following")
-        require(
+        require_equal(
             "AFF-007",
-            again == [fallback],
+            again,
+            [fallback],
             f"request {n + 1} after the binding followed to {fallback} went to {again}",
         )
 
@@ -511,12 +534,13 @@ def test_direct_mode_dispatches_a_soft_binding_exactly(target: Target) -> None:
     worker = pool[1]
     host.bind_session("s", worker)
     went = served(target, host.route(HostRoute(session="s")), "AFF-007", "Direct, soft binding")
-    require("AFF-007", went == [worker], f"Direct mode should target {worker}, went to {went}")
+    require_equal("AFF-007", went, [worker], f"Direct mode should target {worker}, went to {went}")
     target.report_down(worker)
     went = served(target, host.route(HostRoute(session="s")), "AFF-007", "Direct, inhibited")
-    require(
+    require_equal(
         "AFF-007",
-        went == [worker],
+        went,
+        [worker],
         f"in Direct mode a soft binding is the exact target even when {worker} is inhibited; "
         f"the request went to {went}",
     )
@@ -550,7 +574,7 @@ def test_cancelled_requests_keep_the_binding(target: Target, mode: str) -> None:
     bound_to(host, "s", worker, "AFF-008", "after the caller dropped a dispatched request")
     target.script_worker(worker, Serve())
     went = served(target, host.route(HostRoute(session="s")), "AFF-008", "after cancellations")
-    require("AFF-008", went == [worker], f"bound to {worker}, the next request went to {went}")
+    require_equal("AFF-008", went, [worker], f"bound to {worker}, the next request went to {went}")
 
 
 FAILURES: list[WorkerScript] = [
@@ -584,7 +608,7 @@ def test_failures_after_selection_keep_the_binding(
     if mode == "hard":
         target.script_worker(worker, Serve())
         went = served(target, host.route(HostRoute(session="s")), "AFF-008", "after a failure")
-        require("AFF-008", went == [worker], f"bound to {worker}, the request went to {went}")
+        require_equal("AFF-008", went, [worker], f"bound to {worker}, the request went to {went}")
 
 
 # --- AFF-009 ---
@@ -599,15 +623,16 @@ def test_a_binding_to_a_removed_worker_is_rebound_within_the_request(target: Tar
     target.remove_worker(worker)
     went = served(target, host.route(HostRoute(session="s")), "AFF-009", "stale binding")
     survivor = other_than(pool, worker)
-    require(
+    require_equal(
         "AFF-009",
-        went == [survivor],
+        went,
+        [survivor],
         f"the binding to the removed worker {worker} should be replaced within the request "
         f"by {survivor}; the request went to {went}",
     )
     bound_to(host, "s", survivor, "AFF-009", "the request bound its new target")
     again = served(target, host.route(HostRoute(session="s")), "AFF-009", "after rebinding")
-    require("AFF-009", again == [survivor], f"rebound to {survivor}, next went to {again}")
+    require_equal("AFF-009", again, [survivor], f"rebound to {survivor}, next went to {again}")
 
 
 @covers("AFF-009")
@@ -622,7 +647,7 @@ def test_a_failed_reselection_leaves_the_session_unbound(target: Target) -> None
     unbound(host, "s", "AFF-009", "the stale binding went and no new target was chosen")
     target.mark_overloaded(spare, False)
     went = served(target, host.route(HostRoute(session="s")), "AFF-009", "a worker is free")
-    require("AFF-009", went == [spare], f"the session's next request went to {went}")
+    require_equal("AFF-009", went, [spare], f"the session's next request went to {went}")
 
 
 @covers("AFF-009")
@@ -637,9 +662,10 @@ def test_a_binding_to_a_stale_dp_rank_is_rebound_within_the_request(
     host.bind_session("valid", worker, dp_rank=1)
     served(target, host.route(HostRoute(session="valid")), "AFF-009", "a rank in range")
     view = host.session("valid")
-    require(
+    require_equal(
         "AFF-009",
-        view == SessionView("bound", worker, 1),
+        view,
+        SessionView("bound", worker, 1),
         f"rank 1 of a worker with dp_size 2 is valid and must be kept; the session is {view}",
     )
     host.configure_worker(worker, dp_size=1)
@@ -683,7 +709,7 @@ def test_a_binding_the_request_rules_out_fails_without_rebinding(
     )
     bound_to(host, "s", bound, "AFF-010", f"after a request whose {conflict} ruled it out")
     went = served(target, host.route(HostRoute(session="s")), "AFF-010", "unconstrained")
-    require("AFF-010", went == [bound], f"bound to {bound}, the next request went to {went}")
+    require_equal("AFF-010", went, [bound], f"bound to {bound}, the next request went to {went}")
 
 
 @covers("AFF-010")
@@ -704,7 +730,9 @@ def test_a_config_watch_gap_fails_without_rebinding(target: Target) -> None:
     bound_to(host, "s", gap, "AFF-010", "after the selector did not know the bound worker")
     host.configure_worker(gap, dp_size=4)
     went = served(target, host.route(HostRoute(session="s")), "AFF-010", "config seen")
-    require("AFF-010", went == [gap], f"bound to {gap} (not {known}), the request went to {went}")
+    require_equal(
+        "AFF-010", went, [gap], f"bound to {gap} (not {known}), the request went to {went}"
+    )
 
 
 # --- AFF-011 ---
@@ -718,9 +746,11 @@ def test_an_exclusion_never_rebinds_a_hard_affinity(target: Target) -> None:
     host.bind_session("s", bound)
     retry = HostRoute(session="s", allowed=frozenset({bound, other}), excluded=frozenset({bound}))
     outcome = refused(target, host.route(retry), "AFF-011", f"a retry excluding {bound}")
-    require(
+    require_compare(
         "AFF-011",
-        re.search(rf"\b{bound}\b", text(outcome.error)) is not None,
+        re.search(rf"\b{bound}\b", text(outcome.error)),
+        "is not",
+        None,
         f"the retry should fail naming the excluded bound worker {bound}, got {outcome.error}",
     )
     bound_to(host, "s", bound, "AFF-011", "after a retry that excluded the bound worker")
@@ -773,9 +803,10 @@ def test_an_exclusion_never_overrides_an_explicit_pin(target: Target, policy: st
     host = host_of(target, "AFF-011", HostConfig(policy=policy))
     retry = HostRoute(backend_instance_id=pinned, excluded=frozenset({pinned}))
     went = served(target, host.route(retry), "AFF-011", f"pinned to {pinned}, excluded")
-    require(
+    require_equal(
         "AFF-011",
-        went == [pinned],
+        went,
+        [pinned],
         f"a request pinned to {pinned} must go there even when excluded; it went to {went}",
     )
 
@@ -791,9 +822,11 @@ def test_a_preview_does_not_acquire_the_session(target: Target) -> None:
     planned(host.preview(HostRoute(session="s")), "AFF-012")
     unbound(host, "s", "AFF-012", "after a preview")
     request = host.route(HostRoute(session="s"))
-    require(
+    require_compare(
         "AFF-012",
-        target.outcome(request) is not None,
+        target.outcome(request),
+        "is not",
+        None,
         "a request after a preview of its session must not wait: it is still open",
     )
     worker = served(target, request, "AFF-012", "after a preview")[0]
@@ -808,21 +841,26 @@ def test_an_aborted_plan_leaves_the_session_unbound(target: Target) -> None:
     preview = planned(host.preview(HostRoute(session="s")), "AFF-012")
     unbound(host, "s", "AFF-012", "after a preview")  # else the plan would wait for it
     plan = planned(host.plan(preview.plan_id), "AFF-012")
-    require(
+    require_equal(
         "AFF-012",
-        host.session("s").state == "initializing",
+        host.session("s").state,
+        "initializing",
         f"an open plan holds the session's initialization: {host.session('s')}",
     )
     host.abort_plan(plan.plan_id)
     unbound(host, "s", "AFF-012", "after the plan was aborted")
     request = host.route(HostRoute(session="s"))
-    require(
+    require_compare(
         "AFF-012",
-        target.outcome(request) is not None,
+        target.outcome(request),
+        "is not",
+        None,
         "a request after an aborted plan of its session must not wait: it is still open",
     )
     outcome = finished(target, request, "AFF-012")
-    require("AFF-012", outcome.error is None, f"the request after the abort failed: {outcome}")
+    require_compare(
+        "AFF-012", outcome.error, "is", None, f"the request after the abort failed: {outcome}"
+    )
 
 
 # --- AFF-013 ---
@@ -833,26 +871,29 @@ def test_an_aborted_plan_leaves_the_session_unbound(target: Target) -> None:
 def test_without_affinity_session_ids_are_ignored(target: Target) -> None:
     pool = workers(target, 2, Serve())
     host = host_of(target, "AFF-013", HostConfig(policy="round-robin"))
-    require(
+    require_equal(
         "AFF-013",
-        host.session("s") == SessionView("disabled"),
+        host.session("s"),
+        SessionView("disabled"),
         f"a host without affinity should report the session disabled: {host.session('s')}",
     )
     went = [
         served(target, host.route(HostRoute(session="s")), "AFF-013", "session id")[0]
         for _ in range(4)
     ]
-    require(
+    require_equal(
         "AFF-013",
-        set(went) == set(pool),
+        set(went),
+        set(pool),
         f"without affinity, round-robin should spread one session's requests over {pool}; "
         f"they went to {went}",
     )
     long_id = "x" * (MAX_SESSION_BYTES + 44)
     served(target, host.route(HostRoute(session=long_id)), "AFF-013", "a 300-byte session id")
     for session in ("s", long_id):
-        require(
+        require_equal(
             "AFF-013",
-            host.session(session) == SessionView("disabled"),
+            host.session(session),
+            SessionView("disabled"),
             f"nothing is bound without affinity: {host.session(session)}",
         )

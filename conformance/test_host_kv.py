@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import covers, require, require_compare, require_equal, requires
 from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
 from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import reached
@@ -216,9 +216,10 @@ def test_the_host_selects_a_lowest_cost_worker(
                 f"workers for {tokens}, yet it reached {chosen}; steps so far: {history}",
             )
             oracle.dispatched(request, chosen[0], tokens, held)
-            require(
+            require_equal(
                 "KVS-002",
-                booked(host) == oracle.bookings(),
+                booked(host),
+                oracle.bookings(),
                 f"the host's bookings {booked(host)} are not its open requests "
                 f"{oracle.bookings()}; steps so far: {history}",
             )
@@ -236,9 +237,10 @@ def test_a_block_matches_only_with_its_whole_prefix(target: Target) -> None:
         pin(target, host, second, tokens)
     query = [1, 2, 3, 4, 5, 6]
     picks = set(previews(host, query, 20, "KVS-001"))
-    require(
+    require_equal(
         "KVS-001",
-        picks == {first},
+        picks,
+        {first},
         f"for {query} (blocks of {BLOCK}) worker {first} holds 2 leading blocks and worker "
         f"{second} 1: it holds the blocks [3, 4] and [5, 6] only after other prefixes, which "
         f"must not match; 20 previews chose {sorted(picks)}, expected only {first}",
@@ -254,9 +256,10 @@ def test_a_partial_trailing_block_is_not_indexed(target: Target) -> None:
     pin(target, host, second, [1, 2, 5, 5])
     query = [1, 2, 3]
     picks = set(previews(host, query, 40, "KVS-001"))
-    require(
+    require_equal(
         "KVS-001",
-        picks == {first, second},
+        picks,
+        {first, second},
         f"both workers hold the one full block of {query} (blocks of {BLOCK}; the trailing "
         f"[3] is not a block), so they tie and both should be chosen; 40 previews chose "
         f"{sorted(picks)}",
@@ -275,9 +278,10 @@ def test_the_cost_weighs_cached_blocks_against_active_ones(target: Target) -> No
         pin(target, host, warm, [9] * (BLOCK * load))
         target.script_worker(warm, Serve())
         picks = set(previews(host, query, 10, "KVS-002"))
-        require(
+        require_equal(
             "KVS-002",
-            picks == {expected},
+            picks,
+            {expected},
             f"worker {warm} caches all 3 blocks of {query} and has {load} active decode "
             f"blocks, worker {cold} neither: costs {3 - 3 + load} + 3 against 3 + 3, so "
             f"{expected} should be chosen; 10 previews chose {sorted(picks)}",
@@ -294,9 +298,10 @@ def test_ties_at_temperature_zero_are_broken_at_random(target: Target) -> None:
     pool = workers(target, 2, Serve())
     host = host_of(target, "KVS-003", KV)
     picks = previews(host, [5, 6, 7, 8], 40, "KVS-003")
-    require(
+    require_equal(
         "KVS-003",
-        set(picks) == set(pool),
+        set(picks),
+        set(pool),
         f"two idle workers with nothing cached tie; 40 previews should choose both, they "
         f"chose {[picks.count(w) for w in pool]} times workers {pool}",
     )
@@ -338,9 +343,10 @@ def test_a_preview_admits_nothing(target: Target) -> None:
             f"a preview of {tokens} chose {view.worker_id}; it should leave the bookings, "
             f"the counters and the dispatch log as they were {before}, got {after}",
         )
-        require(
+        require_equal(
             "KVS-005",
-            host.session(session).state == "unbound",
+            host.session(session).state,
+            "unbound",
             f"a preview for session {session!r} should not touch its affinity: "
             f"{host.session(session)}",
         )
@@ -431,9 +437,10 @@ def test_aborting_a_plan_releases_what_it_holds(target: Target) -> None:
         f"an aborted plan should release its booking and count nothing: bookings "
         f"{booked(host)}, counters {(started, completed)} -> {host.counters()}",
     )
-    require(
+    require_equal(
         "KVS-008",
-        host.session("s").state == "unbound",
+        host.session("s").state,
+        "unbound",
         f"an aborted plan should drop its pending affinity initialization: {host.session('s')}",
     )
     outcome, found = ended(target, host.route(route([1, 2, 3, 4], session="s")), "KVS-008")
@@ -455,9 +462,10 @@ def test_the_prefill_busy_probe_admits_nothing(target: Target) -> None:
     for threshold in (0.5, 1.0, 2.0):
         host.prefill_busy(route([1, 2, 3, 4], phase="prefill"), threshold)
         after = (booked(host), host.counters(), len(target.dispatch_log()))
-        require(
+        require_equal(
             "KVS-009",
-            after == before,
+            after,
+            before,
             f"a prefill-busy probe (threshold {threshold}) should leave the bookings, the "
             f"counters and the dispatch log as they were {before}, got {after}",
         )
@@ -476,16 +484,19 @@ def test_a_plan_draws_on_its_preview_budget(target: Target) -> None:
     preview = planned(host.preview(route([1, 2, 3, 4])), "HST-014")
     target.advance_time(3)
     plan = planned(host.plan(preview.plan_id), "HST-014")
-    require(
+    require_compare(
         "HST-014",
-        plan.budget_remaining <= preview.budget_remaining - 3 + 1e-6,
+        plan.budget_remaining,
+        "<=",
+        preview.budget_remaining - 3 + 1e-6,
         f"the preview had {preview.budget_remaining} s of cleanup budget left; 3 s later the "
         f"plan should have at most {preview.budget_remaining - 3} s, it has "
         f"{plan.budget_remaining} s",
     )
-    require(
+    require_equal(
         "KVS-006",
-        plan.worker_id == preview.worker_id,
+        plan.worker_id,
+        preview.worker_id,
         f"the plan names {plan.worker_id}, the preview chose {preview.worker_id}",
     )
     host.abort_plan(plan.plan_id)
@@ -532,9 +543,10 @@ def test_the_prefill_busy_probe_answers_from_bookings(target: Target) -> None:
         target.release_stalled(worker)
         target.mark_overloaded(worker, True)
     answers.append(host.prefill_busy(HostRoute(), 1))
-    require(
+    require_equal(
         "KVS-012",
-        answers == [False, False, True, True],
+        answers,
+        [False, False, True, True],
         f"threshold 1 over two workers: idle, one booked, both booked, none free should read "
         f"[False, False, True, True]; read {answers}",
     )
@@ -573,9 +585,10 @@ def test_the_kv_policy_selects_only_workers_it_knows(target: Target) -> None:
     host = host_of(target, "KVS-014", HostConfig(policy="kv"))
     host.forget_worker_config(unseen)
     went = [w for n in range(6) for w in reached(target, host.route(HostRoute(tokens=(n,))))]
-    require(
+    require_equal(
         "KVS-014",
-        went == [known] * 6,
+        went,
+        [known] * 6,
         f"worker {unseen}'s configuration is unseen; every request should reach {known}, "
         f"they reached {went}",
     )

@@ -16,7 +16,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.machine import TargetMachine
 from routespec.conformance.scenario import MODE_CAPABILITY
 from routespec.testing.target import (
@@ -182,7 +189,9 @@ class HostMachine(TargetMachine):
                 f"a stopped request without staged KV must be cancelled unseen: {said}",
             )  # fmt: skip
         if stopped and must_reach:
-            require("HST-013", len(attempts) <= 1, f"the staged-KV leg went out twice: {said}")
+            require_compare(
+                "HST-013", len(attempts), "<=", 1, f"the staged-KV leg went out twice: {said}"
+            )
         if (
             self.hard_affinity
             and bound is not None
@@ -190,9 +199,10 @@ class HostMachine(TargetMachine):
             and pinned is None
             and attempts
         ):
-            require(
+            require_equal(
                 "AFF-006",
-                attempts[0] == bound.worker_id,
+                attempts[0],
+                bound.worker_id,
                 f"session {session} is hard-bound to {bound.worker_id}: {said}",
             )
 
@@ -203,17 +213,19 @@ class HostMachine(TargetMachine):
         outcomes = {r: self.target.outcome(r) for r in self.requests}
         open_count = sum(1 for o in outcomes.values() if o is None)
         bookings = self.host.bookings()
-        require(
+        require_compare(
             "HST-002",
-            sum(bookings.values()) <= open_count,
+            sum(bookings.values()),
+            "<=",
+            open_count,
             f"{open_count} requests open, bookings {bookings}",
         )
         if not open_count:
-            require("MON-005", not bookings, f"bookings at rest: {bookings}")
+            require_false("MON-005", bookings, f"bookings at rest: {bookings}")
             initializing = [s for s in SESSIONS if self.host.session(s).state == "initializing"]
-            require(
+            require_false(
                 "AFF-002",
-                not initializing,
+                initializing,
                 f"no request is in flight, yet sessions {initializing} are still initializing",
             )
         clean = sum(
@@ -224,15 +236,18 @@ class HostMachine(TargetMachine):
             and not self.requests[request].stopped
         )
         started, completed = self.host.counters()
-        require(
+        require_equal(
             "HST-011",
-            completed == clean,
+            completed,
+            clean,
             f"completed {completed}, but {clean} requests finished cleanly",
         )
         delivered = sum(1 for d in self.target.dispatch_log() if d.request_id in self.requests)
-        require(
+        require_compare(
             "HST-010",
-            started >= delivered,
+            started,
+            ">=",
+            delivered,
             f"{delivered} deliveries but only {started} admissions counted",
         )
 

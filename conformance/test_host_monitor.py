@@ -12,7 +12,14 @@ from collections.abc import Mapping
 
 import pytest
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.host import ended, host_of, workers
 from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import reached, shows, tokens
@@ -130,14 +137,15 @@ def test_a_failure_releases_its_booking_before_the_caller_sees_it(
         f"should already be released (bookings {{{held}: 1}}); they were "
         f"{outcome.bookings_at_error}",
     )
-    require(
+    require_equal(
         "HST-011",
-        host.counters() == (started + 1, completed),
+        host.counters(),
+        (started + 1, completed),
         f"a stream that failed is not a finished stream: counters went from "
         f"{(started, completed)} to {host.counters()}, expected {(started + 1, completed)}",
     )
     target.release_stalled(held)
-    require("MON-002", not booked(host), f"bookings left at the end: {booked(host)}")
+    require_false("MON-002", booked(host), f"bookings left at the end: {booked(host)}")
 
 
 @covers("MON-002")
@@ -161,7 +169,7 @@ def test_a_failed_worker_is_excluded_before_the_retry(open_target: OpenTarget, p
             f"and the caller reads {EXPECTED}; reached {found}, got {outcome}",
         )
         target.release_stalled(held)
-        require("MON-002", not booked(host), f"bookings left at the end: {booked(host)}")
+        require_false("MON-002", booked(host), f"bookings left at the end: {booked(host)}")
 
 
 # --- MON-003 ---
@@ -185,9 +193,11 @@ def test_a_trailing_error_replaces_the_withheld_terminal(
     host = host_of(target, "MON-003", HostConfig())
     request = host.route(ROUTE)
     if isinstance(script, TerminalThen) and script.stall:
-        require(
+        require_compare(
             "MON-003",
-            target.outcome(request) is None,
+            target.outcome(request),
+            "is",
+            None,
             f"after a {script.finish!r} terminal frame the monitor should keep reading the "
             f"stalled stream; it ended {target.outcome(request)}",
         )
@@ -255,14 +265,15 @@ def test_the_drain_deadline_delivers_the_withheld_terminal(target: Target, polic
         f"at the 5 s deadline the withheld cancelled frame should be delivered and the stream "
         f"end cleanly; got finish reasons {finishes(outcome)} and {outcome.error}",
     )
-    require(
+    require_false(
         "MON-005",
-        not booked(host),
+        booked(host),
         f"the drain ended at its deadline; bookings left: {booked(host)}",
     )
-    require(
+    require_equal(
         "HST-011",
-        host.counters() == (started + 1, completed),
+        host.counters(),
+        (started + 1, completed),
         f"a stream drained to its deadline did not finish: counters went from "
         f"{(started, completed)} to {host.counters()}",
     )
@@ -277,9 +288,11 @@ def test_an_error_inside_the_drain_window_reaches_the_caller(target: Target) -> 
     host = host_of(target, "MON-004", HostConfig())
     request = host.route(ROUTE)
     target.advance_time(DRAIN_WINDOW / 2)
-    require(
+    require_compare(
         "MON-004",
-        target.outcome(request) is None,
+        target.outcome(request),
+        "is",
+        None,
         f"2.5 s after a withheld cancelled frame the drain should still be open; the stream "
         f"ended {target.outcome(request)}",
     )
@@ -335,18 +348,22 @@ def test_a_terminal_flood_cannot_extend_the_drain(target: Target) -> None:
     request = host.route(ROUTE)
     for second in range(1, 5):
         target.advance_time(1.0)
-        require(
+        require_compare(
             "MON-004",
-            target.outcome(request) is None,
+            target.outcome(request),
+            "is",
+            None,
             f"the worker sends a cancelled frame every second; {second} s after the first the "
             f"5 s drain should still be open, yet the stream ended {target.outcome(request)}",
         )
     target.advance_time(1.0)
     target.advance_time(0.1)
     outcome = target.outcome(request)
-    require(
+    require_compare(
         "MON-004",
-        outcome is not None,
+        outcome,
+        "is not",
+        None,
         "5.1 s after the first cancelled frame the stream is still open: the drain deadline "
         "must be armed once, not pushed back by every later frame",
     )
@@ -376,10 +393,11 @@ def test_end_of_stream_ends_the_drain(target: Target, policy: str) -> None:
         f"the transport ended right after a cancelled frame: with no time passing the caller "
         f"should read 2 tokens and the cancelled frame, no error; got {outcome}",
     )
-    require("MON-005", not booked(host), f"bookings left after EOF: {booked(host)}")
-    require(
+    require_false("MON-005", booked(host), f"bookings left after EOF: {booked(host)}")
+    require_equal(
         "HST-011",
-        host.counters() == (started + 1, completed),
+        host.counters(),
+        (started + 1, completed),
         f"a stream that ended cancelled did not finish: counters went from "
         f"{(started, completed)} to {host.counters()}",
     )
@@ -396,9 +414,11 @@ def test_a_healthy_terminal_does_not_end_the_stream(target: Target, finish: str)
     host = host_of(target, "MON-006", HostConfig())
     started, completed = host.counters()
     request = host.route(ROUTE)
-    require(
+    require_compare(
         "MON-006",
-        target.outcome(request) is None,
+        target.outcome(request),
+        "is",
+        None,
         f"the worker sent a {finish!r} frame but has not closed its stream; the monitor "
         f"should read on to end of stream, yet the stream ended {target.outcome(request)}",
     )
@@ -409,9 +429,10 @@ def test_a_healthy_terminal_does_not_end_the_stream(target: Target, finish: str)
         finishes(outcome) == [None, None, finish] and outcome.error is None,
         f"a {finish!r} frame is healthy and passes through; got {outcome}",
     )
-    require(
+    require_equal(
         "HST-011",
-        host.counters() == (started + 1, completed + 1),
+        host.counters(),
+        (started + 1, completed + 1),
         f"the stream ended cleanly: counters went from {(started, completed)} to "
         f"{host.counters()}, expected {(started + 1, completed + 1)}",
     )
@@ -439,10 +460,11 @@ def test_a_client_stop_preempts_the_monitor(target: Target, policy: str) -> None
         f"the caller had stopped: the stream should end without reading the worker's frames "
         f"(tokens, a cancelled frame, {SHUTDOWN}); got {outcome}",
     )
-    require("MON-007", not booked(host), f"bookings left after the stop: {booked(host)}")
-    require(
+    require_false("MON-007", booked(host), f"bookings left after the stop: {booked(host)}")
+    require_equal(
         "HST-011",
-        host.counters()[1] == completed,
+        host.counters()[1],
+        completed,
         f"a stream the client stopped did not finish: counters went from "
         f"{(started, completed)} to {host.counters()}",
     )
@@ -471,8 +493,8 @@ def test_a_client_stop_during_a_drain_drops_the_withheld_terminal(
         f"the caller's context stopped while a cancelled frame was withheld: the stream should "
         f"end with neither that frame nor the worker's later error; got {outcome}",
     )
-    require("MON-007", not booked(host), f"bookings left after the stop: {booked(host)}")
-    require("HST-011", host.counters()[1] == completed, f"counted: {host.counters()}")
+    require_false("MON-007", booked(host), f"bookings left after the stop: {booked(host)}")
+    require_equal("HST-011", host.counters()[1], completed, f"counted: {host.counters()}")
 
 
 @covers("MON-007")
@@ -493,5 +515,5 @@ def test_dropping_a_draining_stream_releases_its_booking(target: Target, policy:
         f"should be dropped with it; got {outcome}",
     )
     bookings: Mapping[int, int] = booked(host)
-    require("MON-007", not bookings, f"bookings left after the drop: {bookings}")
+    require_false("MON-007", bookings, f"bookings left after the drop: {bookings}")
     target.release_stalled(worker)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import covers, require, require_equal, requires
 from routespec.conformance.scenario import finished, loads, reached, spec_of, tokens
 from routespec.testing.target import (
     CancelThenFail,
@@ -98,9 +98,10 @@ def test_migratable_failures_are_retried(target: Target, label: str, where: str)
     failing, spare = cluster(target, script, Serve())
     request = target.submit(Migrate(limit=1))
     completes(target, request, "MIG-002", f"worker {failing} failed {where} with {label}")
-    require(
+    require_equal(
         "MIG-002",
-        deliveries(target, request) == [failing, spare],
+        deliveries(target, request),
+        [failing, spare],
         f"expected attempts on {failing} then {spare}, got {deliveries(target, request)}",
     )
 
@@ -112,7 +113,7 @@ def test_rejections_are_retried(target: Target, overloaded: bool) -> None:
     failing, spare = cluster(target, Reject(overloaded=overloaded), Serve())
     request = target.submit(Migrate(limit=1))
     completes(target, request, "MIG-002", f"worker {failing} rejected the request")
-    require("MIG-002", deliveries(target, request) == [failing, spare], "not retried")
+    require_equal("MIG-002", deliveries(target, request), [failing, spare], "not retried")
 
 
 # --- MIG-003 ---
@@ -152,9 +153,10 @@ def test_attempts_are_bounded_and_never_repeat_a_worker(target: Target, limit: i
         outcome.error is not None and len(attempts) == min(limit + 1, len(workers)),
         f"limit {limit}, {len(workers)} failing workers: {len(attempts)} attempts, {outcome}",
     )
-    require(
+    require_equal(
         "MIG-010",
-        len(set(attempts)) == len(attempts),
+        len(set(attempts)),
+        len(attempts),
         f"an attempt went back to a worker that had failed the request: {attempts}",
     )
 
@@ -245,9 +247,10 @@ def test_a_replacement_continues_where_the_stream_stopped(target: Target, min_to
     request = target.submit(Migrate(limit=1, min_tokens=min_tokens))
     completes(target, request, "MIG-009", "a worker failed after 2 tokens")
     log = [d for d in target.dispatch_log() if d.request_id == request]
-    require(
+    require_equal(
         "MIG-007",
-        [d.worker_id for d in log] == [failing, spare],
+        [d.worker_id for d in log],
+        [failing, spare],
         f"both attempts should carry the id {request}: {log}",
     )
     follow_up = log[1].payload
@@ -257,9 +260,10 @@ def test_a_replacement_continues_where_the_stream_stopped(target: Target, min_to
         "min_tokens": max(0, min_tokens - 2),
     }
     seen = {key: follow_up.get(key) for key in expected} if isinstance(follow_up, dict) else {}
-    require(
+    require_equal(
         "MIG-009",
-        seen == expected,
+        seen,
+        expected,
         f"the replacement should continue with {expected}, got {seen}",
     )
 
@@ -371,9 +375,10 @@ def test_one_set_decides_transport_and_migration(target: Target, label: str) -> 
     target.script_worker(worker, FailMidStream(0, spec_of(("Disconnected", label))))
     request = target.submit(Migrate(limit=1))
     blocked = deliveries(target, request) == [worker]
-    require(
+    require_equal(
         "MIG-015",
-        withheld == blocked,
+        withheld,
+        blocked,
         f"{label}: the transport {'withholds' if withheld else 'keeps'} it as a pre-stream "
         f"cause, but migration {'refuses' if blocked else 'retries'} an error item carrying it",
     )

@@ -15,7 +15,7 @@ from hypothesis.stateful import (
 )
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import covers, require, require_compare, require_equal, requires
 from routespec.conformance.machine import TargetMachine
 from routespec.conformance.scenario import MODE_CAPABILITY, tokens
 from routespec.testing.target import (
@@ -108,13 +108,17 @@ class MigrationMachine(TargetMachine):
         call = Migrate(mode, limit, prompt, max_tokens, min_tokens, pin=pinned)
         request = self.target.submit(call)
         outcome = self.target.outcome(request)
-        require("MIG-008", outcome is not None, f"{call} is still open; no worker stalls here")
+        require_compare(
+            "MIG-008", outcome, "is not", None, f"{call} is still open; no worker stalls here"
+        )
         assert outcome is not None
         attempts = [d.worker_id for d in self.target.dispatch_log() if d.request_id == request]
         said = f"{call} reached {attempts} and ended {outcome}"
-        require("MIG-004", len(attempts) <= limit + 1, f"more than limit + 1 attempts: {said}")
+        require_compare(
+            "MIG-004", len(attempts), "<=", limit + 1, f"more than limit + 1 attempts: {said}"
+        )
         require("MIG-011", pinned is None or attempts in ([], [pinned]), f"pin moved: {said}")
-        require("MIG-010", len(set(attempts)) == len(attempts), f"a worker was retried: {said}")
+        require_equal("MIG-010", len(set(attempts)), len(attempts), f"a worker was retried: {said}")
         for worker in attempts[:-1]:
             chain = visible_failure(self.scripts[worker])
             require(

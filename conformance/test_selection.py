@@ -11,7 +11,15 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from routespec.conformance.checks import RequirementViolation, covers, require, requires
+from routespec.conformance.checks import (
+    RequirementViolation,
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import (
     BUILTIN_MODES,
@@ -71,8 +79,8 @@ def test_builtin_modes_dispatch(target: Target, mode: str) -> None:
             f"generate({mode}) with free workers {workers} ended {outcome}, expected one item",
         )
         worker = only_worker(target, request, "SEL-001")
-        require(
-            "SEL-001", worker in workers, f"generate({mode}) reached {worker}, not in {workers}"
+        require_compare(
+            "SEL-001", worker, "in", workers, f"generate({mode}) reached {worker}, not in {workers}"
         )
 
 
@@ -83,15 +91,17 @@ def test_kv_and_direct_are_refused(target: Target, mode: str) -> None:
     workers = [target.add_worker() for _ in range(2)]
     request = target.submit(Generate(mode))
     outcome = finished(target, request, "SEL-002")
-    require(
+    require_compare(
         "SEL-002",
-        outcome.error is not None,
+        outcome.error,
+        "is not",
+        None,
         f"generate({mode}) with workers {workers} succeeded ({outcome}); a bare router "
         "must refuse it",
     )
-    require(
+    require_false(
         "SEL-002",
-        not target.dispatch_log(),
+        target.dispatch_log(),
         f"generate({mode}) reached workers: {list(target.dispatch_log())}",
     )
 
@@ -115,9 +125,11 @@ def test_selection_draws_only_from_the_free_set(target: Target, mode: str) -> No
     for _ in range(12):
         request = target.submit(Generate(mode))
         worker = only_worker(target, request, "SEL-003")
-        require(
+        require_compare(
             "SEL-003",
-            worker in free,
+            worker,
+            "in",
+            free,
             f"generate({mode}) reached {worker}; the free set is {sorted(free)} "
             f"({overloaded} overloaded, {inhibited} inhibited)",
         )
@@ -141,9 +153,9 @@ def test_all_overloaded_is_resource_exhausted(target: Target, mode: str) -> None
         f"generate({mode}) with every routable worker overloaded ended {outcome}, "
         "expected ResourceExhausted",
     )
-    require(
+    require_false(
         "SEL-004",
-        not target.dispatch_log(),
+        target.dispatch_log(),
         f"generate({mode}) reached a worker: {list(target.dispatch_log())}",
     )
 
@@ -175,9 +187,9 @@ def test_all_inhibited_is_unavailable(target: Target, mode: str) -> None:
         f"generate({mode}) with every worker locally inhibited ended {outcome}, "
         "expected Unavailable",
     )
-    require(
+    require_false(
         "SEL-005",
-        not target.dispatch_log(),
+        target.dispatch_log(),
         f"generate({mode}) reached a worker: {list(target.dispatch_log())}",
     )
 
@@ -197,7 +209,9 @@ def test_round_robin_cycles_through_a_stable_free_set(target: Target) -> None:
     workers = sorted(target.add_worker() for _ in range(3))
     observed = _round_robin(target, 7)
     expected = [workers[n % 3] for n in range(7)]
-    require("SEL-006", observed == expected, f"round-robin reached {observed}, expected {expected}")
+    require_equal(
+        "SEL-006", observed, expected, f"round-robin reached {observed}, expected {expected}"
+    )
 
 
 @covers("SEL-006")
@@ -211,9 +225,10 @@ def test_round_robin_indexes_the_current_free_set(target: Target) -> None:
     target.mark_overloaded(first, False)
     observed += _round_robin(target, 2)  # n = 5, 6 over [1, 2, 3]
     expected = [first, second, second, third, second, third, first]
-    require(
+    require_equal(
         "SEL-006",
-        observed == expected,
+        observed,
+        expected,
         f"round-robin reached {observed}, expected free[n mod len(free)] = {expected}",
     )
 
@@ -229,9 +244,10 @@ def test_round_robin_counts_only_its_own_selections(target: Target) -> None:
     target.submit(Generate("random"))
     observed += _round_robin(target, 1)
     expected = workers[:3]
-    require(
+    require_equal(
         "SEL-006",
-        observed == expected,
+        observed,
+        expected,
         f"round-robin reached {observed} with other modes in between, expected {expected}: "
         "n counts round-robin selections only",
     )
@@ -289,9 +305,11 @@ def test_power_of_two_never_picks_the_unique_busiest(
             for _ in range(40):
                 request = target.submit(Generate("power-of-two-choices"))
                 picks.append(only_worker(target, request, "SEL-008"))
-            require(
+            require_compare(
                 "SEL-008",
-                busiest not in picks,
+                busiest,
+                "not in",
+                picks,
                 f"seed {seed}: with occupancy {occupancy}, power-of-two-choices picked the "
                 f"unique busiest worker {busiest} {picks.count(busiest)} times in 40",
             )
@@ -413,18 +431,22 @@ def test_occupancy_modes_book_the_selected_worker(target: Target, mode: str) -> 
         worker = only_worker(target, request, "SEL-011")
         expected = {**before, worker: before.get(worker, 0) + 1}
         after = loads(target)
-        require(
+        require_equal(
             "SEL-011",
-            after == expected,
+            after,
+            expected,
             f"generate({mode}) reached {worker} and stays open: occupancy went {before} -> "
             f"{after}, expected {expected}",
         )
     release_all(target, workers)
     for request in requests:
         outcome = finished(target, request, "SEL-011")
-        require("SEL-011", outcome.error is None, f"{request} ended with {outcome.error}")
-    require(
+        require_compare(
+            "SEL-011", outcome.error, "is", None, f"{request} ended with {outcome.error}"
+        )
+    require_equal(
         "DSP-011",
-        loads(target) == {},
+        loads(target),
+        {},
         f"every stream ended, yet occupancy is {loads(target)}, expected none",
     )

@@ -14,7 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
 from routespec.conformance.scenario import (
     MODE_CAPABILITY,
     finished,
@@ -86,11 +93,12 @@ def test_an_accepted_request_streams_its_items(
     request = target.submit(Direct(worker), metadata={"trace": "t" * 300})
     outcome = finished(target, request, "TRN-003")
     deliveries = [d for d in target.dispatch_log() if d.request_id == request]
-    require("TRN-003", len(deliveries) == 1, f"{request} reached workers {deliveries}")
+    require_equal("TRN-003", len(deliveries), 1, f"{request} reached workers {deliveries}")
     if Capability.OBSERVE_PREPARED_TARGET in adapter.capabilities:
-        require(
+        require_equal(
             "TRN-001",
-            deliveries[0].prepared_for == worker,
+            deliveries[0].prepared_for,
+            worker,
             f"the request's metadata should reach worker {worker} with it: {deliveries}",
         )
     require(
@@ -126,7 +134,9 @@ def test_an_oversized_control_message_is_refused_before_sending(target: Target) 
     )
     fits = {"pad": "x" * (CONTROL_LIMIT // 2)}
     outcome = finished(target, target.submit(Direct(worker), metadata=fits), "TRN-002")
-    require("TRN-002", outcome.error is None, f"a 64 KiB control message failed: {outcome}")
+    require_compare(
+        "TRN-002", outcome.error, "is", None, f"a 64 KiB control message failed: {outcome}"
+    )
 
 
 # --- TRN-004 ---
@@ -178,9 +188,9 @@ def test_a_failure_before_the_first_item_is_cannot_connect(
     require("TRN-005", seen is not None and seen.pre_stream, f"expected a failure: {outcome}")
     assert seen is not None
     if seen.types_observed:
-        require(
+        require_false(
             "TRN-006",
-            not set(seen.typed_chain) & oracle.MIGRATION_SENSITIVE_TYPES,
+            set(seen.typed_chain) & oracle.MIGRATION_SENSITIVE_TYPES,
             f"the worker failed with {labels}; the caller's chain {seen.describe()} carries a "
             "migration-sensitive type",
         )
@@ -238,7 +248,7 @@ def test_every_stream_ends_in_completion_or_one_error(target: Target) -> None:
         ends_with_error(outcome, "TRN-007", "injected", items)
     target.script_worker(worker, Stall(items=1, items_after=2))
     request = target.submit(Direct(worker))
-    require("TRN-007", target.outcome(request) is None, "a stalled stream ended early")
+    require_compare("TRN-007", target.outcome(request), "is", None, "a stalled stream ended early")
     target.release_stalled(worker)
     outcome = finished(target, request, "TRN-007")
     require(
@@ -368,9 +378,10 @@ def test_a_tombstoned_instance_is_never_written_to(target: Target) -> None:
         and "tombstoned" in outcome.error.links[0][1],
         f"a dispatch to tombstoned worker {worker} should fail with Disconnected: {outcome}",
     )
-    require(
+    require_equal(
         "TRN-013",
-        target.worker_bytes(worker) == before,
+        target.worker_bytes(worker),
+        before,
         f"tombstoned worker {worker} received {target.worker_bytes(worker) - before} bytes",
     )
     target.announce_removal(worker, False)
@@ -390,7 +401,9 @@ def test_removal_fails_pending_registrations(target: Target, how: str) -> None:
     worker = target.add_worker()
     target.script_worker(worker, Misbehave(0, WireFault.NO_CALL_HOME))
     request = target.submit(Direct(worker))
-    require("TRN-014", target.outcome(request) is None, "the request ended before the test")
+    require_compare(
+        "TRN-014", target.outcome(request), "is", None, "the request ended before the test"
+    )
     if how == "removed":
         target.announce_removal(worker, True)
     else:
@@ -430,15 +443,17 @@ def test_the_inflight_gauge_returns_to_zero_on_every_path(target: Target) -> Non
     for path, script in paths.items():
         target.script_worker(spare, script)
         finished(target, target.submit(Direct(spare)), "TRN-015")
-        require("TRN-015", target.transport_inflight() == 0, f"after {path}: gauge not zero")
+        require_equal("TRN-015", target.transport_inflight(), 0, f"after {path}: gauge not zero")
     target.script_worker(worker, Stall(items=1))
     dropped, killed = target.submit(Direct(worker)), target.submit(Direct(worker))
-    require("TRN-015", target.transport_inflight() == 2, "two open streams should count 2")
+    require_equal("TRN-015", target.transport_inflight(), 2, "two open streams should count 2")
     target.drop(dropped)
-    require("TRN-015", target.transport_inflight() == 1, "a dropped stream still counts")
+    require_equal("TRN-015", target.transport_inflight(), 1, "a dropped stream still counts")
     target.kill_worker(worker)
     finished(target, killed, "TRN-015")
-    require("TRN-015", target.transport_inflight() == 0, "a killed worker's stream still counts")
+    require_equal(
+        "TRN-015", target.transport_inflight(), 0, "a killed worker's stream still counts"
+    )
 
 
 @covers("TRN-016")
@@ -467,9 +482,11 @@ def test_a_killed_worker_process_is_detected_without_a_timeout(
     goodbye, and the mock clock is never advanced; the kernel closing its sockets is the signal."""
     worker = target.add_worker_process(Stall(items=2))
     request = target.submit(Direct(worker))
-    require(
+    require_compare(
         "TRN-016",
-        target.outcome(request) is None,
+        target.outcome(request),
+        "is",
+        None,
         f"the stalled stream ended before the kill: {target.outcome(request)}",
     )
     target.kill_worker(worker)
@@ -481,9 +498,10 @@ def test_a_killed_worker_process_is_detected_without_a_timeout(
         f"a killed worker process's stream should end with Disconnected: {outcome}",
     )
     if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
-        require(
+        require_equal(
             "TRN-016",
-            target.transport_inflight() == 0,
+            target.transport_inflight(),
+            0,
             "the killed worker process's stream is still counted in flight",
         )
 
@@ -503,9 +521,10 @@ def test_a_dropped_stream_stops_the_worker(target: Target, adapter: Adapter) -> 
         f"a dropped stream should end for the caller without an error: {outcome}",
     )
     if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
-        require(
+        require_equal(
             "TRN-017",
-            target.transport_inflight() == 0,
+            target.transport_inflight(),
+            0,
             "the dropped stream is still in flight after the worker was released",
         )
     serves_again(target, worker, "TRN-017")
@@ -527,15 +546,16 @@ def test_the_guard_is_held_until_the_first_item(target: Target) -> None:
     worker = target.add_worker()
     target.script_worker(worker, Stall(items=0, items_after=2))
     request = target.submit(Direct(worker), guarded=True)
-    require("TRN-018", target.held_guards() == 1, "the guard was released before any item")
+    require_equal("TRN-018", target.held_guards(), 1, "the guard was released before any item")
     target.drop(request)
-    require(
+    require_equal(
         "TRN-018",
-        target.held_guards() == 1,
+        target.held_guards(),
+        1,
         "the caller abandoned the request and the guard was released before the first item",
     )
     target.release_stalled(worker)
-    require("TRN-018", target.held_guards() == 0, "the first item came; the guard is held")
+    require_equal("TRN-018", target.held_guards(), 0, "the first item came; the guard is held")
     outcome = finished(target, request, "TRN-018")
     require("TRN-018", outcome.dropped and not outcome.items, f"dropped request: {outcome}")
     for script in (Serve(3), FailBeforeStream(ErrorSpec("InvalidArgument")), Serve(0)):
@@ -555,9 +575,10 @@ def test_retained_dispatches_are_bounded(target: Target) -> None:
     worker = target.add_worker()
     target.script_worker(worker, Stall(items=0, items_after=1))
     retained = [target.submit(Direct(worker), guarded=True) for _ in range(RETAINED_LIMIT)]
-    require(
+    require_equal(
         "TRN-019",
-        target.held_guards() == RETAINED_LIMIT,
+        target.held_guards(),
+        RETAINED_LIMIT,
         f"{RETAINED_LIMIT} stalled guarded requests hold {target.held_guards()} guards",
     )
     outcome = finished(target, target.submit(Direct(worker), guarded=True), "TRN-019")
@@ -569,7 +590,7 @@ def test_retained_dispatches_are_bounded(target: Target) -> None:
         and "retained request dispatch limit reached" in outcome.error.links[0][1],
         f"guarded request {RETAINED_LIMIT + 1} should fail with ResourceExhausted: {outcome}",
     )
-    require("TRN-019", target.held_guards() == RETAINED_LIMIT, "the refused guard is held")
+    require_equal("TRN-019", target.held_guards(), RETAINED_LIMIT, "the refused guard is held")
     target.release_stalled(worker)
     ended = [target.outcome(request) for request in retained]
     require(
@@ -580,7 +601,9 @@ def test_retained_dispatches_are_bounded(target: Target) -> None:
     )
     target.script_worker(worker, Serve(1))
     outcome = finished(target, target.submit(Direct(worker), guarded=True), "TRN-019")
-    require("TRN-019", outcome.error is None, f"the bound did not free its slots: {outcome}")
+    require_compare(
+        "TRN-019", outcome.error, "is", None, f"the bound did not free its slots: {outcome}"
+    )
 
 
 # --- TRN-020, TRN-021 ---
@@ -599,7 +622,7 @@ def test_a_bidirectional_request_streams_its_items_to_one_worker(
     request = target.submit(Bidirectional(mode, inputs))
     outcome = finished(target, request, "TRN-020")
     delivered = reached(target, request)
-    require("TRN-020", len(delivered) == 1, f"the request reached {delivered}, not one worker")
+    require_equal("TRN-020", len(delivered), 1, f"the request reached {delivered}, not one worker")
     echoed = [i.get("input") for i in outcome.items if isinstance(i, dict) and "input" in i]
     answering = {i.get("worker") for i in outcome.items if isinstance(i, dict)}
     require(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import covers, require_compare, require_equal, requires
 from routespec.conformance.scenario import (
     reached,
 )
@@ -23,9 +23,10 @@ from routespec.testing.target import (
 
 
 def _require_free_derived(view: WorkerSetsView, context: str) -> None:
-    require(
+    require_equal(
         "SET-004",
-        view.free == view.routable - view.overloaded,
+        view.free,
+        view.routable - view.overloaded,
         f"{context}: free is {sorted(view.free)}, routable {sorted(view.routable)} minus "
         f"overloaded {sorted(view.overloaded)} is {sorted(view.routable - view.overloaded)}",
     )
@@ -34,32 +35,37 @@ def _require_free_derived(view: WorkerSetsView, context: str) -> None:
 @covers("SET-001")
 @requires(Capability.OBSERVE_WORKER_SETS, Capability.REMOVE_WORKER, Capability.ROUND_ROBIN)
 def test_discovered_is_what_discovery_lists(target: Target) -> None:
-    require("SET-001", target.worker_sets().discovered == set(), "a new target lists workers")
+    require_equal("SET-001", target.worker_sets().discovered, set(), "a new target lists workers")
     first, second, third = (target.add_worker() for _ in range(3))
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-001",
-        view.discovered == {first, second, third},
+        view.discovered,
+        {first, second, third},
         f"after adding {first}, {second}, {third}, discovered is {sorted(view.discovered)}",
     )
     target.remove_worker(second)
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-001",
-        view.discovered == {first, third},
+        view.discovered,
+        {first, third},
         f"after removing {second}, discovered is {sorted(view.discovered)}",
     )
     picks = [w for _ in range(4) for w in reached(target, target.submit(Generate("round-robin")))]
-    require(
+    require_compare(
         "SET-001",
-        second not in picks,
+        second,
+        "not in",
+        picks,
         f"removed worker {second} was reached by round-robin: {picks}",
     )
     fourth = target.add_worker()
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-001",
-        view.discovered == {first, third, fourth},
+        view.discovered,
+        {first, third, fourth},
         f"after adding {fourth}, discovered is {sorted(view.discovered)}",
     )
 
@@ -70,9 +76,10 @@ def test_a_vanished_worker_stays_discovered(target: Target) -> None:
     first, second = target.add_worker(), target.add_worker()
     target.vanish_worker(first)
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-001",
-        view.discovered == {first, second},
+        view.discovered,
+        {first, second},
         f"worker {first} lost only its transport record, discovery still lists it; "
         f"discovered is {sorted(view.discovered)}",
     )
@@ -91,17 +98,19 @@ def test_routable_excludes_inhibited_workers(target: Target) -> None:
     target.advance_time(1.0)
     target.report_down(third)
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-002",
-        view.routable == {first},
+        view.routable,
+        {first},
         f"with {second} and {third} inhibited, routable is {sorted(view.routable)}",
     )
     target.remove_worker(third)
     target.advance_time(4.0)  # second's inhibition has lapsed
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-002",
-        view.routable == {first, second},
+        view.routable,
+        {first, second},
         f"with {second}'s inhibition lapsed and {third} removed, routable is "
         f"{sorted(view.routable)}",
     )
@@ -114,17 +123,19 @@ def test_overloaded_follows_monitor_verdicts(target: Target) -> None:
     target.mark_overloaded(first, True)
     target.mark_overloaded(third, True)
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-003",
-        view.overloaded == {first, third},
+        view.overloaded,
+        {first, third},
         f"the monitor reports {first} and {third}; overloaded is {sorted(view.overloaded)}",
     )
     target.remove_worker(third)
     target.mark_overloaded(first, False)
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-003",
-        view.overloaded == set(),
+        view.overloaded,
+        set(),
         f"with {first} cleared and {third} removed, overloaded is {sorted(view.overloaded)}",
     )
 
@@ -146,20 +157,24 @@ def test_overloaded_is_verdicts_plus_leases(target: Target) -> None:
     target.report_down(inhibited)
     target.mark_overloaded(inhibited, True)
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-003",
-        view.overloaded == {marked, leased, inhibited},
+        view.overloaded,
+        {marked, leased, inhibited},
         f"marked {marked}, leased {leased}, inhibited and marked {inhibited}: overloaded is "
         f"{sorted(view.overloaded)}",
     )
     target.advance_time(1.0)
     view = target.worker_sets()
-    require(
+    require_equal(
         "SET-003",
-        view.overloaded == {marked, inhibited},
+        view.overloaded,
+        {marked, inhibited},
         f"the lease on {leased} has lapsed; overloaded is {sorted(view.overloaded)}",
     )
-    require("SET-003", idle not in view.overloaded, f"idle worker {idle} is overloaded: {view}")
+    require_compare(
+        "SET-003", idle, "not in", view.overloaded, f"idle worker {idle} is overloaded: {view}"
+    )
 
 
 @covers("SET-004")
@@ -187,8 +202,9 @@ def test_free_is_routable_minus_overloaded(target: Target) -> None:
         step()
         view = target.worker_sets()
         _require_free_derived(view, context)
-        require(
+        require_equal(
             "SET-004",
-            view.free == expected,
+            view.free,
+            expected,
             f"{context}: free is {sorted(view.free)}, expected {sorted(expected)} ({view})",
         )

@@ -1,4 +1,5 @@
-"""Discovery backends under test: the same tests run against the file store and etcd."""
+"""Discovery backends under test (the same tests run against the file store and etcd), and
+the Hypothesis settings of the project's own tests."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+from hypothesis import HealthCheck, settings
 
 from routespec.discovery.file_store import FileStore
 from routespec.discovery.store import DiscoveryStore
 from routespec.discovery.url import open_store
 from tests.etcd_server import EtcdServer, running_etcd
+
+# Fuzzing and chaos tests drive real sockets and processes: no per-example deadline.
+settings.register_profile(
+    "routespec-tests", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("routespec-tests")
 
 
 @pytest.fixture(scope="session")

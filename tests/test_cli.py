@@ -1,27 +1,38 @@
-"""The ``routespec`` command: argument errors, and small deployments of real processes.
+"""The ``routespec`` command: its help, argument errors, and small deployments of real
+processes.
 
 End to end: three demo workers and a router (``routespec router``) as child processes; one
 worker is killed with SIGKILL mid-stream and every request must still deliver each of its
-tokens exactly once (migrated), with either discovery backend. Waits are for readiness lines
-and stream items, never for time.
+tokens exactly once (migrated), with either discovery backend. Ctrl-C (SIGINT) ends ``call``
+and ``router`` with exit 130 and, for the router, an end line per open request. Without the
+optional extras (simulated by a ``sitecustomize`` that blocks their imports) the file-store
+commands still run and the options that need them fail in one line. Waits are for readiness
+lines and stream items, never for time.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
 import pytest
 
-from routespec.deploy.cli.main import main
+from routespec.conformance.scenario import MODE_CAPABILITY
+from routespec.deploy.cli.calls import MODES
+from routespec.deploy.cli.main import build_parser, main
+from routespec.routing.selection import RouterMode
 from tests.conftest import Backend
 from tests.etcd_server import free_port
-from tests.processes import Command, commands, start, start_worker
+from tests.processes import LINE_TIMEOUT, Command, commands, start, start_worker
 
 ENDPOINT = "e2e.tokens.generate"
 PROMPT = [100, 101, 102, 103, 104]
@@ -45,6 +56,9 @@ REQUESTS = 6
         (["worker", "--endpoint", "a.b.c", "--handler", "json:dumps"], "--handler"),
         (["worker", "--endpoint", "a.b.c", "--handler", "x", "--port", "70000"], "--port"),
         (["instances", "--endpoint", "a.b.c", "--ttl", "soon"], "argument --ttl"),
+        (["instances", "--endpoint", "a.b.c", "--ttl", "0"], "argument --ttl"),
+        (["router", "--endpoint", "a.b.c", "--metrics-port", "x"], "argument --metrics-port"),
+        (["call", "--endpoint", "a.b.c", "--mode", "p2", "{}"], "argument --mode"),
         (["conformance"], "--adapter"),
     ],
 )
@@ -57,6 +71,81 @@ def test_a_bad_argument_exits_2_with_one_line_naming_it(
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines
     assert named in lines[0]
+
+
+COMMANDS = ("worker", "call", "router", "instances")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(commands.choices)
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"routespec {version('routespec')}\n"
+
+
+def test_the_help_says_what_the_tool_does_and_lists_the_commands() -> None:
+    text = build_parser().format_help()
+    assert text.splitlines()[2].startswith("routespec runs small deployments")
+    assert "argparse" not in text  # not the module docstring
+    for command in (*COMMANDS, "conformance"):
+        assert f"    {command}" in text
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "conformance"])
+def test_each_command_has_a_description_an_example_and_help_for_every_option(
+    command: str,
+) -> None:
+    parser = _subparsers(build_parser())[command]
+    assert parser.description
+    assert parser.epilog is not None
+    assert "example" in parser.epilog
+    assert f"routespec {command} " in parser.epilog
+    undocumented = [a.dest for a in parser._actions if not a.help]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize("command", ["call", "router"])
+def test_the_help_lists_every_mode_by_its_spec_name(command: str) -> None:
+    text = _subparsers(build_parser())[command].format_help()
+    for mode in RouterMode:
+        assert f"  {mode.value} " in text
+    assert "p2c" not in text
+
+
+def test_the_cli_names_modes_as_the_spec_and_the_suite_do() -> None:
+    """One name per mode: RouterMode's values, which the conformance suite uses too."""
+    assert set(MODES) == {mode.value for mode in RouterMode}
+    assert all(MODES[name].value == name for name in MODES)
+    assert set(MODE_CAPABILITY) <= set(MODES)
+
+
+def test_the_old_p2c_spelling_is_still_accepted() -> None:
+    args = build_parser().parse_args(["call", "--endpoint", "a.b.c", "--mode", "p2c", "{}"])
+    assert args.mode == RouterMode.POWER_OF_TWO_CHOICES.value
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield int(taken.getsockname()[1])
+
+
+@pytest.mark.parametrize("option", ["--port", "--metrics-port"])
+def test_a_port_in_use_is_blamed_on_its_option(
+    option: str, taken_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["worker", "--endpoint", "a.b.c", "--handler", "routespec.deploy.demo:tokens"]
+    argv += ["--discovery", f"file:{tmp_path / 'kv'}", option, str(taken_port)]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"routespec: error: {option}: cannot listen on 127.0.0.1:{taken_port}")
 
 
 def test_unreachable_etcd_exits_2_naming_discovery(capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,7 +310,7 @@ def test_streams_outliving_the_grace_period_migrate(tmp_path: Path) -> None:
     assert metrics['routespec_router_requests_completed_total{outcome="ok"}'] == 2
 
 
-def _instances(spec: str) -> str:
+def _instances(spec: str, env: dict[str, str] | None = None) -> str:
     completed = subprocess.run(
         [
             sys.executable,
@@ -235,6 +324,158 @@ def _instances(spec: str) -> str:
         ],
         capture_output=True,
         text=True,
+        env=env,
         check=True,
     )
     return completed.stdout.strip()
+
+
+def _long_request(max_tokens: int = MAX_TOKENS) -> str:
+    return json.dumps({"token_ids": PROMPT, "max_tokens": max_tokens, "delay": DELAY})
+
+
+def _assert_no_traceback(command: Command) -> None:
+    assert "Traceback" not in command.stderr(), command.stderr()
+
+
+def test_ctrl_c_ends_a_call_with_130_and_no_traceback(tmp_path: Path) -> None:
+    spec = f"file:{tmp_path / 'kv'}"
+    with commands(tmp_path) as started:
+        _start_workers(started, tmp_path, spec, 1)
+        call = start(
+            started, tmp_path, "call", "--endpoint", ENDPOINT, "--discovery", spec,
+            _long_request(),
+        )  # fmt: skip
+        assert json.loads(call.line())["token_ids"] == [len(PROMPT)]  # mid-stream
+        call.signal(signal.SIGINT)
+        assert call.wait() == 130
+    _assert_no_traceback(call)
+
+
+def test_ctrl_c_ends_every_open_router_request_then_exits_130(tmp_path: Path) -> None:
+    """Two long streams and a short one; Ctrl-C once the short one is done and both long
+    ones have items: each long one gets one end line of type Cancelled, after its items,
+    and the router exits 130."""
+    spec = f"file:{tmp_path / 'kv'}"
+    with commands(tmp_path) as started:
+        _start_workers(started, tmp_path, spec, 2)
+        router = start(started, tmp_path, "router", "--endpoint", ENDPOINT, "--discovery", spec)
+        assert json.loads(router.line()) == {"ready": True, "metrics": "-"}
+        router.send("\n".join([_long_request(), _long_request(1), _long_request(), ""]))
+        events: list[dict[str, object]] = []
+        streaming: set[object] = set()
+        while not ({0, 2} <= streaming and 1 in _ended(events)):
+            events.append(json.loads(router.line()))
+            if "data" in events[-1]:
+                streaming.add(events[-1]["request"])
+        router.signal(signal.SIGINT)
+        while len(_ended(events)) < 3:
+            events.append(json.loads(router.line()))
+        assert router.wait() == 130
+        with pytest.raises(AssertionError, match="no output"):
+            router.line()  # stdout ended: no line after the end lines
+    _assert_no_traceback(router)
+    ends = _ended(events)
+    assert ends[1] == {"request": 1, "done": True}
+    for number in (0, 2):
+        assert ends[number]["type"] == "Cancelled", ends[number]
+        assert str(ends[number]["error"]).startswith("Cancelled: "), ends[number]
+        last_item = max(i for i, e in enumerate(events) if e["request"] == number and "data" in e)
+        assert events.index(ends[number]) > last_item
+
+
+def _ended(events: list[dict[str, object]]) -> dict[object, dict[str, object]]:
+    """End lines by request number; fails if a request has two."""
+    ends = [e for e in events if "done" in e or "error" in e]
+    by_number = {e["request"]: e for e in ends}
+    assert len(by_number) == len(ends), ends
+    return by_number
+
+
+LAST_OF_TWO = '{"token_ids": [6], "finish_reason": "length"}'
+BLOCKER = """\
+import sys
+
+for name in ("httpx", "prometheus_client"):  # as if the extras were not installed
+    sys.modules[name] = None
+"""
+
+
+@pytest.fixture
+def without_extras(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An environment whose Python processes cannot import httpx or prometheus-client: a
+    ``sitecustomize`` on PYTHONPATH blocks them in every child, pytest's included."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
+    path = os.pathsep.join(filter(None, [str(blocker), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def _routespec(
+    env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = LINE_TIMEOUT
+) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "routespec", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "extra"),
+    [
+        (["worker", "--handler", "routespec.deploy.demo:tokens", "--metrics-port", "0"],
+         "--metrics-port", "metrics"),
+        (["router", "--metrics-port", "0"], "--metrics-port", "metrics"),
+        (["instances", "--discovery", "etcd:http://127.0.0.1:1"], "--discovery", "etcd"),
+    ],
+)  # fmt: skip
+def test_an_option_needing_a_missing_extra_names_it_in_one_line(
+    args: list[str], option: str, extra: str, without_extras: dict[str, str]
+) -> None:
+    code, output = _routespec(without_extras, *args, "--endpoint", "a.b.c")
+    assert code == 2
+    (line,) = output.splitlines()
+    assert line.startswith(f"routespec: error: {option}: "), line
+    assert line.endswith(f"needs the '{extra}' extra: pip install 'routespec[{extra}]'"), line
+
+
+def test_the_core_commands_run_without_the_extras(
+    without_extras: dict[str, str], tmp_path: Path
+) -> None:
+    """--version, --help, a worker, call, router and instances on the file store, and a
+    filtered conformance run (from an empty directory), with httpx and prometheus-client
+    impossible to import."""
+    assert _routespec(without_extras, "--version")[0] == 0
+    assert _routespec(without_extras, "--help")[0] == 0
+    spec = f"file:{tmp_path / 'kv'}"
+    request = json.dumps({"token_ids": PROMPT, "max_tokens": 2})
+    with commands(tmp_path) as started:
+        _start_workers(started, tmp_path, spec, 1)
+        code, output = _routespec(
+            without_extras, "call", "--endpoint", ENDPOINT, "--discovery", spec, request
+        )
+        assert (code, output.splitlines()) == (0, ['{"token_ids": [5]}', LAST_OF_TWO])
+        router = start(started, tmp_path, "router", "--endpoint", ENDPOINT, "--discovery", spec)
+        assert json.loads(router.line()) == {"ready": True, "metrics": "-"}
+        router.send(request + "\n")
+        router.close_stdin()
+        lines = [json.loads(router.line()) for _ in range(3)]
+        assert router.wait() == 0, router.stderr()
+        listed = _instances(spec, env=without_extras)
+    assert lines[-1] == {"request": 0, "done": True}
+    assert listed.endswith("1 discovered, 1 routable, 0 overloaded"), listed
+    empty = tmp_path / "empty"  # as a user runs it: the checkout's tests/ need the extras
+    empty.mkdir()
+    code, output = _routespec(
+        without_extras, "conformance", "--adapter", "reference", "--req", "SEL-006",
+        "--report", str(tmp_path / "report.json"), cwd=empty, timeout=300,
+    )  # fmt: skip
+    assert code == 0, output

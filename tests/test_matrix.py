@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from routespec.conformance.matrix import Report, main, render
+from routespec.conformance.matrix import main, render
 from routespec.conformance.registry import Requirement
+from routespec.conformance.report import Report
 
 REQUIREMENTS = {
     rid: Requirement(rid, f"title {rid}", level, status, "statement", "rationale", page)
@@ -86,10 +87,14 @@ def _cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
+def _cell(report: str, rid: str, verdict: str, reason: str) -> str:
+    return f'<a href="#why-{report}-{rid}" title="{reason}">{verdict}</a>'
+
+
 def test_rows_columns_links_and_counts(reports: list[Path]) -> None:
     page = render([Report.load(path) for path in reports], REQUIREMENTS)
     assert page.startswith("# Conformance matrix\n")
-    rows = _rows(page)
+    rows = _rows(page.split("## Requirements")[1].split("## Reasons")[0])
     assert rows.pop("requirement") == ["level", "`alpha`", "`beta`"]
     assert list(rows) == [
         "[DSP-001](spec/dispatch.md#DSP-001)",
@@ -102,13 +107,19 @@ def test_rows_columns_links_and_counts(reports: list[Path]) -> None:
     assert rows["[DSP-001](spec/dispatch.md#DSP-001)"] == [
         "MUST",
         "PASS",
-        '<abbr title="conformance/test_x.py::t1: sent to w2">FAIL</abbr>',
+        _cell("beta", "DSP-001", "FAIL", "conformance/test_x.py::t1: sent to w2"),
     ]
     dsp2 = rows["[DSP-002](spec/dispatch.md#DSP-002)"]
     assert dsp2[0] == "SHOULD · provisional"  # the spec, not the report, gives the level
-    assert dsp2[1] == '<abbr title="conformance/test_x.py::t2: known bug #12">XFAIL</abbr>'
-    assert dsp2[2].startswith('<abbr title="conformance/test_x.py::t2: no step could exercise')
-    assert rows["[TRN-002](spec/transport.md#TRN-002)"] == ["MUST", "NOT RUN", "—"]
+    assert dsp2[1] == _cell(
+        "alpha", "DSP-002", "XFAIL", "conformance/test_x.py::t2: expected failure (known bug #12)"
+    )
+    assert dsp2[2].startswith('<a href="#why-beta-DSP-002" title="conformance/test_x.py::t2: pass')
+    assert rows["[TRN-002](spec/transport.md#TRN-002)"] == [
+        "MUST",
+        _cell("alpha", "TRN-002", "NOT RUN", "no check that ran cites it"),
+        "—",
+    ]
     assert rows["`XYZ-001` (not in the spec)"] == ["MUST", "—", "PASS"]
     assert rows["**total**"] == [
         "",
@@ -117,9 +128,37 @@ def test_rows_columns_links_and_counts(reports: list[Path]) -> None:
     ]
 
 
+def test_the_totals_come_first(reports: list[Path]) -> None:
+    page = render([Report.load(path) for path in reports], REQUIREMENTS)
+    assert page.index("## Totals") < page.index("## Requirements") < page.index("## Reasons")
+    totals = _rows(page.split("## Totals")[1].split("## Requirements")[0])
+    assert totals["adapter"] == [
+        "Hypothesis profile",
+        "FAIL",
+        "XFAIL",
+        "PASS",
+        "SKIP",
+        "NOT RUN",
+        "—",
+    ]
+    assert totals["`alpha`"] == ["`default`", "0", "1", "1", "1", "1", "1"]
+    assert totals["`beta`"] == ["`default`", "1", "0", "1", "1", "0", "2"]
+
+
+def test_every_reason_is_on_the_page(reports: list[Path]) -> None:
+    page = render([Report.load(path) for path in reports], REQUIREMENTS)
+    reasons = page.split("## Reasons")[1]
+    alpha, beta = reasons.split("### `alpha`")[1].split("### `beta`")
+    assert '<a id="why-beta-DSP-001"></a>' in beta
+    assert "**FAIL**: `conformance/test_x.py::t1`: sent to w2" in beta
+    assert "**XFAIL**: `conformance/test_x.py::t2`: expected failure (known bug #12)" in alpha
+    assert "**NOT RUN**: no check that ran cites it" in alpha
+    assert "t1" not in alpha.split("DSP-002")[0]  # a PASS has no reason listed
+
+
 def test_column_order_follows_the_arguments(reports: list[Path]) -> None:
     page = render([Report.load(path) for path in reversed(reports)], REQUIREMENTS)
-    assert _rows(page)["requirement"] == ["level", "`beta`", "`alpha`"]
+    assert _rows(page.split("## Requirements")[1])["requirement"] == ["level", "`beta`", "`alpha`"]
 
 
 def test_the_page_is_the_same_for_the_same_reports(reports: list[Path]) -> None:
@@ -128,22 +167,38 @@ def test_the_page_is_the_same_for_the_same_reports(reports: list[Path]) -> None:
     assert STARTED not in render(loaded, REQUIREMENTS)
 
 
-class _Titles(HTMLParser):
+class _Rendered(HTMLParser):
+    """The link titles and the text of the list items of a rendered page."""
+
     def __init__(self) -> None:
         super().__init__()
         self.titles: list[str | None] = []
+        self.items: list[str] = []
+        self._in_item = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "abbr":
+        if tag == "a" and "title" in dict(attrs):
             self.titles.append(dict(attrs)["title"])
+        if tag == "li":
+            self._in_item = True
+            self.items.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "li":
+            self._in_item = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_item:
+            self.items[-1] += data
 
 
 def test_a_reason_survives_markdown(reports: list[Path]) -> None:
     markdown = pytest.importorskip("markdown")
     page = render([Report.load(reports[0])], REQUIREMENTS)
-    parser = _Titles()
-    parser.feed(markdown.markdown(page, extensions=["tables", "attr_list"]))
-    assert f"conformance/test_x.py::t3: {AWKWARD}" in parser.titles
+    rendered = _Rendered()
+    rendered.feed(markdown.markdown(page, extensions=["tables", "attr_list"]))
+    assert f"conformance/test_x.py::t3: {AWKWARD}" in rendered.titles
+    assert f"TRN-001 SKIP: conformance/test_x.py::t3: {AWKWARD}" in rendered.items
 
 
 def test_the_command_writes_the_page(

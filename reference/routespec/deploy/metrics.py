@@ -2,18 +2,25 @@
 
 Each process owns its registry (never the global one), so several routers or workers can
 live in one test process. Names: ``routespec_<role>_<metric>``.
+
+prometheus-client is the optional ``metrics`` extra: it is imported only when a
+``RequestMetrics`` is made. A process that serves no metrics counts into ``NoMetrics``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from typing import TYPE_CHECKING, Protocol
 
 from routespec.errors import RoutingError, type_label
 
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
 LOOPBACK = "127.0.0.1"
 OK, ERROR = "ok", "error"
+MODULE = "prometheus_client"  # what the ``metrics`` extra installs
+EXTRA = "metrics"
 
 
 def error_kind(error: RoutingError) -> str:
@@ -22,10 +29,39 @@ def error_kind(error: RoutingError) -> str:
     return "untyped" if typed is None or typed.error_type is None else type_label(typed.error_type)
 
 
+class Counts(Protocol):
+    """What a worker's handler reports: each request's start and end."""
+
+    def start(self) -> None: ...
+
+    def finish(self, error: RoutingError | None = None) -> None: ...
+
+
+class RouterCounts(Counts, Protocol):
+    """What a router also reports: each attempt's worker."""
+
+    def dispatched(self, instance_id: int, *, migrated: bool) -> None: ...
+
+
+class NoMetrics:
+    """Counts nothing: the metrics of a process that serves none (no prometheus-client)."""
+
+    def start(self) -> None:
+        return None
+
+    def finish(self, error: RoutingError | None = None) -> None:
+        return None
+
+    def dispatched(self, instance_id: int, *, migrated: bool) -> None:
+        return None
+
+
 class RequestMetrics:
     """Requests started, completed (by outcome) and in flight, and typed errors by kind."""
 
     def __init__(self, role: str) -> None:
+        from prometheus_client import CollectorRegistry, Gauge  # the optional extra
+
         self.role = role
         self.registry = CollectorRegistry(auto_describe=True)
         self.started = self.counter("requests_started", "Requests started")
@@ -44,6 +80,8 @@ class RequestMetrics:
             self.completed.labels(outcome)  # exported at 0 before the first request ends
 
     def counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        from prometheus_client import Counter
+
         return Counter(
             name,
             documentation,
@@ -66,6 +104,8 @@ class RequestMetrics:
     def serve(self, port: int, host: str = LOOPBACK) -> tuple[int, Callable[[], None]]:
         """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the port and
         the function that stops the server."""
+        from prometheus_client import start_http_server
+
         server, thread = start_http_server(port, addr=host, registry=self.registry)
 
         def stop() -> None:

@@ -1,23 +1,32 @@
 """``routespec call`` (one request) and ``routespec router`` (JSON lines on stdin): requests
 through the routing host (on ``PushRouter``) and ``Migration`` over ``TcpDispatch``, fed by a
-watched discovery store."""
+watched discovery store.
+
+No request ends silently. SIGINT (Ctrl-C) and SIGTERM cancel the open requests and exit 130
+and 143; ``router`` first writes each open request's end line, with the typed error
+``Cancelled``. A request line the router cannot use (not UTF-8, not JSON, nested too deeply,
+longer than ``MAX_LINE_BYTES``) gets its own ``InvalidArgument`` end line and the router goes
+on. Any other exception is an internal error: the router writes an ``Unknown`` end line for
+each open request and the command exits ``INTERNAL_ERROR_EXIT`` with an error line."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import BinaryIO
 
 import attrs
 import trio
 
-from routespec.deploy.cli.usage import UsageError
-from routespec.deploy.cli.worker import serving_metrics
-from routespec.deploy.metrics import RouterMetrics, error_kind
+from routespec.deploy.cli.usage import InternalError, UsageError, bind_failure, sole_bind_error
+from routespec.deploy.cli.worker import metrics_for, serving_metrics
+from routespec.deploy.metrics import NoMetrics, RouterCounts, RouterMetrics, error_kind
 from routespec.discovery.url import open_store
 from routespec.errors import ErrorKind, RoutingError
 from routespec.host.request import HostRequest, RoutingHints
@@ -27,18 +36,47 @@ from routespec.routing.exclusions import Exclusions
 from routespec.routing.push_router import PushRouter
 from routespec.routing.selection import RouterMode
 from routespec.routing.streaming import ItemStream, Request
+from routespec.transport.frames import MAX_MESSAGE_BYTES
 from routespec.transport.tcp_dispatch import TcpDispatch
 
+# the spec's names and order (spec/selection.md, then the routing host's KV and Direct)
 MODES = {
-    "round-robin": RouterMode.ROUND_ROBIN,
-    "random": RouterMode.RANDOM,
-    "p2c": RouterMode.POWER_OF_TWO_CHOICES,
-    "least-loaded": RouterMode.LEAST_LOADED,
-    "direct": RouterMode.DIRECT,
-    "kv": RouterMode.KV,
+    mode.value: mode
+    for mode in (
+        RouterMode.ROUND_ROBIN,
+        RouterMode.RANDOM,
+        RouterMode.POWER_OF_TWO_CHOICES,
+        RouterMode.LEAST_LOADED,
+        RouterMode.DEVICE_AWARE_WEIGHTED,
+        RouterMode.KV,
+        RouterMode.DIRECT,
+    )
 }
+MODE_ALIASES = {"p2c": RouterMode.POWER_OF_TWO_CHOICES.value}  # accepted, never shown
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a Ctrl-C
+TERMINATED_EXIT = 143  # 128 + SIGTERM
+INTERRUPTED = "interrupted (Ctrl-C) before the stream ended"
+TERMINATED = "terminated (SIGTERM) before the stream ended"
+ROUTER_FAILED = "the router failed before the stream ended"
+MAX_LINE_BYTES = MAX_MESSAGE_BYTES  # a longer request line could never be sent whole
+SKIP_CHUNK = 1024 * 1024  # an over-long line's rest is read and dropped in pieces this big
+CLOSE_TIMEOUT = 5.0  # seconds a stream's close may take once its request ends
 PROGRESS_AFTER = 1.0  # seconds: short streams never draw a progress line
 PROGRESS_EVERY = 0.1
+
+
+@attrs.frozen
+class Stop:
+    """How a signal ends a command: the exit status, and why open requests ended."""
+
+    status: int
+    reason: str
+
+
+STOPS = {
+    signal.SIGINT: Stop(INTERRUPTED_EXIT, INTERRUPTED),
+    signal.SIGTERM: Stop(TERMINATED_EXIT, TERMINATED),
+}
 
 
 @attrs.define
@@ -48,7 +86,7 @@ class Caller:
     host: RoutingHost
     migration: Migration
     pin: int | None
-    metrics: RouterMetrics
+    metrics: RouterCounts
     _dispatches: dict[str, Callable[[int], None]] = attrs.field(factory=dict)
 
     def dispatched(self, request: Request, instance_id: int) -> Request:
@@ -87,10 +125,14 @@ class Caller:
                         error = item.error
                         break
                     on_item(item.data, workers)
-            finally:
-                await stream.aclose()
+            finally:  # shielded: a cancellation must not replace the exception in flight
+                with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                    await stream.aclose()
         except RoutingError as failure:
             error = failure
+        except trio.Cancelled:
+            error = RoutingError(ErrorKind.CANCELLED, INTERRUPTED)  # counted as such
+            raise
         finally:
             del self._dispatches[routed.request_id]
             self.metrics.finish(error)
@@ -107,7 +149,7 @@ def _mode(args: argparse.Namespace) -> RouterMode:
 
 
 @asynccontextmanager
-async def open_caller(args: argparse.Namespace, metrics: RouterMetrics) -> AsyncIterator[Caller]:
+async def open_caller(args: argparse.Namespace, metrics: RouterCounts) -> AsyncIterator[Caller]:
     mode = _mode(args)
     store = open_store(args.discovery, args.ttl)
     await store.check()
@@ -121,10 +163,14 @@ async def open_caller(args: argparse.Namespace, metrics: RouterMetrics) -> Async
         configs.pop(instance_id, None)
         dispatch.instance_removed(instance_id)
 
-    async with (
-        TcpDispatch.open(args.host) as dispatch,
-        store.watch(args.endpoint, added, removed) as found,
-    ):
+    async with AsyncExitStack() as stack:
+        try:  # the response plane's listener, where workers dial back
+            dispatch = await stack.enter_async_context(TcpDispatch.open(args.host))
+        except (OSError, UnicodeError, BaseExceptionGroup) as error:
+            if (bind_error := sole_bind_error(error)) is None:
+                raise
+            raise bind_failure(bind_error, ("--host", args.host), ("--host", 0)) from None
+        found = await stack.enter_async_context(store.watch(args.endpoint, added, removed))
         configs.update({instance_id: WorkerConfig() for instance_id in found.instance_ids()})
         router = PushRouter.create(args.endpoint, found, dispatch)
         host = RoutingHost.create(router, mode)
@@ -170,21 +216,58 @@ class Progress:
             sys.stderr.flush()
 
 
+async def until_signal(work: Callable[[], Awaitable[None]]) -> Stop | None:
+    """Run ``work`` until it returns, or until SIGINT or SIGTERM cancels it: then the signal's
+    ``Stop``. An exception from ``work`` propagates.
+
+    An ignored signal stays ignored: a script's background job is not meant to get SIGINT."""
+    watched = [s for s in STOPS if signal.getsignal(s) is not signal.SIG_IGN]
+    if not watched:
+        await work()
+        return None
+    stop: Stop | None = None
+    with trio.open_signal_receiver(*watched) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_on_signal() -> None:
+                nonlocal stop
+                async for signum in signals:
+                    stop = STOPS[signal.Signals(signum)]
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(cancel_on_signal)
+            await work()
+            nursery.cancel_scope.cancel()
+    return stop
+
+
 async def call(args: argparse.Namespace) -> int:
-    """Print each item's data as a JSON line; exit 1 with the typed error if one ends it."""
+    """Print each item's data as a JSON line; exit 1 with the typed error if one ends it,
+    130 on SIGINT and 143 on SIGTERM."""
     payload = parse_payload(args.request, "request")
-    metrics = RouterMetrics()
     progress = Progress(sys.stderr.isatty())
+    outcome: list[RoutingError | None] = []
 
     def on_item(data: object, workers: list[int]) -> None:
-        print(json.dumps(data), flush=True)
+        print(json_line(data), flush=True)
         progress.item(workers)
 
-    async with open_caller(args, metrics) as caller:
-        error = await caller.stream(payload, on_item)
-    progress.clear()
-    if error is not None:
-        print(f"routespec: request failed: {error}", file=sys.stderr)
+    async def request() -> None:
+        async with open_caller(args, NoMetrics()) as caller:
+            outcome.append(await caller.stream(payload, on_item))
+
+    try:
+        stop = await until_signal(request)
+    finally:
+        progress.clear()
+    if stop is not None:
+        print(f"routespec: request failed: Cancelled: {stop.reason}", file=sys.stderr)
+        return stop.status
+    if not outcome:  # a layer below swallowed what ended the request
+        raise InternalError("the request ended without an outcome or an error")
+    if outcome[0] is not None:
+        print(f"routespec: request failed: {outcome[0]}", file=sys.stderr)
         return 1
     return 0
 
@@ -192,32 +275,140 @@ async def call(args: argparse.Namespace) -> int:
 async def router(args: argparse.Namespace) -> int:
     """Each stdin line is a request (JSON), sent at once; stdout gets JSON lines
     ``{"request": n, "data": ...}``, then ``{"request": n, "done": true}`` or
-    ``{"request": n, "error": ..., "type": ...}``. Ends after stdin closes and all are done."""
-    metrics = RouterMetrics()
-    with serving_metrics(metrics, args.metrics_port, args.metrics_host) as metrics_url:
-        async with open_caller(args, metrics) as caller, trio.open_nursery() as nursery:
-            print(json.dumps({"ready": True, "metrics": metrics_url}), flush=True)
-            number = 0
-            while line := await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True):
-                if line.strip():
-                    nursery.start_soon(_route_one, caller, number, line)
-                    number += 1
+    ``{"request": n, "error": ..., "type": ...}``. Ends after stdin closes and all are done;
+    on SIGINT or SIGTERM, after an end line with ``"type": "Cancelled"`` for each open
+    request; on an internal error, after an end line of type ``Unknown`` for each."""
+    metrics = metrics_for(args, RouterMetrics)
+    requests = OpenRequests()
+
+    async def route() -> None:
+        with serving_metrics(metrics, args) as metrics_url:
+            async with open_caller(args, metrics) as caller, trio.open_nursery() as nursery:
+                print(json.dumps({"ready": True, "metrics": metrics_url}), flush=True)
+                number = 0
+                stdin = sys.stdin.buffer
+                while (line := await trio.to_thread.run_sync(read_line, stdin)) is not None:
+                    if not isinstance(line, bytes) or line.strip():
+                        requests.opened(number)
+                        nursery.start_soon(requests.route, caller, number, line)
+                        number += 1
+
+    try:
+        stop = await until_signal(route)
+    except Exception as failure:
+        requests.end_all(RoutingError(ErrorKind.UNKNOWN, f"{ROUTER_FAILED}: {describe(failure)}"))
+        raise
+    if stop is not None:
+        requests.end_all(RoutingError(ErrorKind.CANCELLED, stop.reason))
+        return stop.status
+    if requests.failures or requests.numbers:  # a layer below swallowed what ended them
+        lost: Exception = (
+            requests.failures[0]
+            if requests.failures
+            else InternalError(f"{len(requests.numbers)} requests ended without an outcome")
+        )
+        requests.end_all(RoutingError(ErrorKind.UNKNOWN, f"{ROUTER_FAILED}: {describe(lost)}"))
+        raise lost
     return 0
 
 
-async def _route_one(caller: Caller, number: int, line: str) -> None:
-    def emit(**fields: object) -> None:
-        print(json.dumps({"request": number, **fields}), flush=True)
+def describe(failure: BaseException) -> str:
+    """``Type: message`` of an exception, or of the first one an exception group holds."""
+    while isinstance(failure, BaseExceptionGroup):
+        failure = failure.exceptions[0]
+    return f"{type(failure).__name__}: {failure}"
 
-    try:
-        payload: object = json.loads(line)
-    except ValueError as failure:
-        error: RoutingError | None = RoutingError(
-            ErrorKind.INVALID_ARGUMENT, f"request line is not JSON: {failure}"
+
+@attrs.frozen
+class OverLong:
+    """A request line longer than ``MAX_LINE_BYTES``, read and dropped: only its size."""
+
+    size: int
+
+
+def read_line(stdin: BinaryIO, limit: int = MAX_LINE_BYTES) -> bytes | OverLong | None:
+    """The next line of ``stdin`` (None at its end), holding at most ``limit`` bytes in memory:
+    a longer line is read to its end and dropped."""
+    line = stdin.readline(limit + 1)
+    if not line:
+        return None
+    if len(line) <= limit or line.endswith(b"\n"):
+        return line
+    size = len(line)
+    while (rest := stdin.readline(SKIP_CHUNK)) and not rest.endswith(b"\n"):
+        size += len(rest)
+    return OverLong(size + len(rest))
+
+
+def parse_request(line: bytes | OverLong) -> object:
+    """A request line's payload; a line that cannot be one is ``InvalidArgument``."""
+    if isinstance(line, OverLong):
+        raise RoutingError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"request line is {line.size} bytes, over the {MAX_LINE_BYTES}-byte limit",
         )
-    else:
-        error = await caller.stream(payload, lambda data, _workers: emit(data=data))
-    if error is None:
-        emit(done=True)
-    else:
-        emit(error=str(error), type=error_kind(error))
+    try:
+        return json.loads(line.decode())
+    except UnicodeDecodeError as error:
+        reason = f"not UTF-8: {error}"
+    except RecursionError:
+        reason = "not JSON: nested too deeply"
+    except ValueError as error:
+        reason = f"not JSON: {error}"
+    raise RoutingError(ErrorKind.INVALID_ARGUMENT, f"request line is {reason}")
+
+
+def json_line(data: object) -> str:
+    """A response item as one JSON line; an item JSON cannot hold ends its request with a
+    typed error (the caller's ``RoutingError``), never the process."""
+    try:
+        return json.dumps(data)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise RoutingError(
+            ErrorKind.UNKNOWN,
+            f"response item cannot be written as JSON: {type(error).__name__}: {error}",
+        ) from None
+
+
+@attrs.define
+class OpenRequests:
+    """The router's requests without an end line yet, by number; writes their lines.
+
+    ``failures`` keeps each unexpected exception that ended a request's handling, so that
+    ``router`` still reports it if a layer below swallows it on its way out."""
+
+    numbers: set[int] = attrs.field(factory=set)
+    failures: list[Exception] = attrs.field(factory=list)
+
+    def opened(self, number: int) -> None:
+        self.numbers.add(number)
+
+    @staticmethod
+    def emit(number: int, **fields: object) -> None:
+        print(json_line({"request": number, **fields}), flush=True)
+
+    def end(self, number: int, error: RoutingError | None) -> None:
+        """The request's last line: ``done``, or its typed error."""
+        if error is None:
+            self.emit(number, done=True)
+        else:
+            self.emit(number, error=str(error), type=error_kind(error))
+        self.numbers.discard(number)
+
+    def end_all(self, error: RoutingError) -> None:
+        """End every open request with ``error``, in request order."""
+        for number in sorted(self.numbers):
+            self.end(number, error)
+
+    async def route(self, caller: Caller, number: int, line: bytes | OverLong) -> None:
+        try:
+            payload = parse_request(line)
+        except RoutingError as refused:
+            self.end(number, refused)
+            return
+        try:
+            error = await caller.stream(payload, lambda data, _: self.emit(number, data=data))
+        except Exception as failure:
+            self.failures.append(failure)
+            raise
+        self.end(number, error)

@@ -12,7 +12,7 @@ from typing import cast
 import attrs
 
 from routespec.deploy.cli.usage import UsageError
-from routespec.deploy.metrics import RequestMetrics
+from routespec.deploy.metrics import Counts
 from routespec.errors import BackendKind, RoutingError
 from routespec.routing.streaming import Request
 
@@ -30,9 +30,13 @@ def load_handler(spec: str) -> HandlerFunction:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
+        function = getattr(module, name, None)
     except ImportError as error:
         raise UsageError(FIELD, f"cannot import {module_name!r}: {error}") from None
-    function = getattr(module, name, None)
+    except Exception as error:  # the module's code: a syntax error, or it raised as it ran
+        raise UsageError(
+            FIELD, f"cannot import {module_name!r}: {type(error).__name__}: {error}"
+        ) from None
     if not inspect.isasyncgenfunction(function):
         raise UsageError(FIELD, f"{spec} is not an async generator function (async def + yield)")
     return cast("HandlerFunction", function)
@@ -45,7 +49,7 @@ class FunctionHandler:
     An exception other than ``RoutingError`` becomes ``Backend(Unknown)``, as in Dynamo."""
 
     function: HandlerFunction
-    metrics: RequestMetrics
+    metrics: Counts
 
     def admit(self, request: Request) -> None:
         return None

@@ -9,26 +9,46 @@ from __future__ import annotations
 
 import argparse
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import trio
 
+from routespec.deploy import metrics as prometheus
 from routespec.deploy.cli.handlers import FunctionHandler, load_handler
-from routespec.deploy.metrics import RequestMetrics
+from routespec.deploy.cli.usage import bind_failure, require_extra, sole_os_error
+from routespec.deploy.metrics import Counts, NoMetrics, RequestMetrics
 from routespec.discovery.file_store import random_instance_id, transport_path
 from routespec.discovery.instances import Instance
 from routespec.discovery.url import open_store
 from routespec.transport.worker_server import WorkerServer
 
+Metrics = TypeVar("Metrics", bound=RequestMetrics)
+METRICS_PORT, METRICS_HOST = "--metrics-port", "--metrics-host"
+
+
+def metrics_for(args: argparse.Namespace, make: Callable[[], Metrics]) -> Metrics | NoMetrics:
+    """The process's metrics: Prometheus ones with ``--metrics-port`` (which needs the
+    ``metrics`` extra), else ``NoMetrics``."""
+    if args.metrics_port is None:
+        return NoMetrics()
+    require_extra(prometheus.MODULE, METRICS_PORT, prometheus.EXTRA)
+    return make()
+
 
 @contextmanager
-def serving_metrics(metrics: RequestMetrics, port: int | None, host: str) -> Iterator[str]:
-    """Metrics on ``host:port`` for the block; yields the address, or ``-`` when off."""
-    if port is None:
+def serving_metrics(metrics: Counts, args: argparse.Namespace) -> Iterator[str]:
+    """Serve ``metrics`` on ``--metrics-host:--metrics-port`` for the block; yields the
+    address, or ``-`` when the process serves none."""
+    if not isinstance(metrics, RequestMetrics):
         yield "-"
         return
-    bound, stop = metrics.serve(port, host)
+    host, port = args.metrics_host, args.metrics_port
+    try:
+        bound, stop = metrics.serve(port, host)
+    except OSError as error:
+        raise bind_failure(error, (METRICS_HOST, host), (METRICS_PORT, port)) from None
     try:
         yield f"http://{host}:{bound}/metrics"
     finally:
@@ -37,16 +57,22 @@ def serving_metrics(metrics: RequestMetrics, port: int | None, host: str) -> Ite
 
 async def serve_worker(args: argparse.Namespace) -> None:
     function = load_handler(args.handler)
+    metrics = metrics_for(args, lambda: RequestMetrics("worker"))
     store = open_store(args.discovery, args.ttl)
     await store.check()
-    metrics = RequestMetrics("worker")
     server = WorkerServer(args.host, args.port)
     with (
         trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals,
-        serving_metrics(metrics, args.metrics_port, args.metrics_host) as metrics_url,
+        serving_metrics(metrics, args) as metrics_url,
     ):
         async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
+            try:
+                await nursery.start(server.run)
+            except (OSError, BaseExceptionGroup) as error:
+                if (bind_error := sole_os_error(error)) is None:
+                    raise
+                host, port = ("--host", args.host), ("--port", args.port)
+                raise bind_failure(bind_error, host, port) from None
             instance_id = random_instance_id()
             path = transport_path(args.endpoint, instance_id)
             address = server.serve(path, FunctionHandler(function, metrics))
