@@ -5,9 +5,9 @@ The suite runs as ``python -m pytest --pyargs routespec.conformance`` in a child
 it needs only the installed package (with the ``test`` extra), never a checkout; inside a
 checkout pytest finds the checkout's configuration, as ``pytest conformance/`` does.
 
-The product's modules never import the conformance kit (tests/test_layers.py); this
-subcommand is the kit's door, so it reaches the kit's report and registry by module name
-when it runs.
+This subcommand is the kit's door: the one product module allowed to import the conformance
+kit (its report and registry; tests/test_layers.py), and only when it runs, since the kit
+needs the ``test`` extra.
 """
 
 from __future__ import annotations
@@ -146,7 +146,9 @@ def run_conformance(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
     fresh = report.is_file() and _stamp(report) != before
     if fresh:
-        print("\n".join(_kit("conformance.report").Report.load(report).overview()))
+        from routespec.conformance.report import Report
+
+        print("\n".join(Report.load(report).overview()))
         print(f"report: {report} and {report.with_suffix('.md')}")
     print(_verdict(status, fresh, output), file=sys.stderr if status else sys.stdout)
     return int(status)
@@ -242,7 +244,9 @@ def _last_error(output: str) -> str:
 def _report_path(args: argparse.Namespace) -> Path:
     path: Path = args.report or REPORTS / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', args.adapter)}.json"
     if args.req:  # never replace a full report with a filtered one
-        return Path(str(_kit("conformance.report").filtered_path(path, args.req)))
+        from routespec.conformance.report import filtered_path
+
+        return filtered_path(path, args.req)
     return path
 
 
@@ -276,15 +280,12 @@ def _check_req(req: str | None) -> None:
     ids = [i.strip() for i in req.split(",")]
     if not all(ids):
         raise UsageError("--req", f"expected comma-separated requirement IDs, got {req!r}")
-    known = _kit("conformance.registry").load_requirements()
+    from routespec.conformance.registry import load_requirements
+
+    known = load_requirements()
     unknown = [i for i in ids if i not in known]
     if unknown:
         raise UsageError("--req", f"no requirement has the ID {', '.join(unknown)}")
-
-
-def _kit(module: str) -> Any:
-    """A module of the conformance kit, imported by name when the subcommand runs."""
-    return importlib.import_module(f"routespec.{module}")
 
 
 def shipped_adapters() -> list[tuple[str, str]]:
