@@ -15,6 +15,12 @@ from pathlib import Path
 LINE_TIMEOUT = 20.0  # generous: a loaded CI machine starts Python slowly
 
 
+def _as_a_foreground_job() -> None:
+    """Ctrl-C reaches the child as it would from a terminal, even when the test run itself
+    was started in the background (where SIGINT is ignored and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Command:
     """One ``python -m routespec ...`` child; stdout lines are queued by a reader thread."""
 
@@ -28,6 +34,7 @@ class Command:
                 stderr=errors,
                 text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_as_a_foreground_job,
             )
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)

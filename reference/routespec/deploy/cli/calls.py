@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import BinaryIO
 
 import attrs
 import trio
@@ -286,8 +286,8 @@ async def router(args: argparse.Namespace) -> int:
             async with open_caller(args, metrics) as caller, trio.open_nursery() as nursery:
                 print(json.dumps({"ready": True, "metrics": metrics_url}), flush=True)
                 number = 0
-                stdin = sys.stdin.buffer
-                while (line := await trio.to_thread.run_sync(read_line, stdin)) is not None:
+                stdin = StdinLines(sys.stdin.fileno())
+                while (line := await stdin.next()) is not None:
                     if not isinstance(line, bytes) or line.strip():
                         requests.opened(number)
                         nursery.start_soon(requests.route, caller, number, line)
@@ -326,18 +326,46 @@ class OverLong:
     size: int
 
 
-def read_line(stdin: BinaryIO, limit: int = MAX_LINE_BYTES) -> bytes | OverLong | None:
-    """The next line of ``stdin`` (None at its end), holding at most ``limit`` bytes in memory:
-    a longer line is read to its end and dropped."""
-    line = stdin.readline(limit + 1)
-    if not line:
-        return None
-    if len(line) <= limit or line.endswith(b"\n"):
-        return line
-    size = len(line)
-    while (rest := stdin.readline(SKIP_CHUNK)) and not rest.endswith(b"\n"):
-        size += len(rest)
-    return OverLong(size + len(rest))
+class StdinLines:
+    """Request lines from a file descriptor, each at most ``limit`` bytes in memory: a longer
+    line is read to its end and dropped (``OverLong``). The blocking read runs in a worker
+    thread that a signal's cancellation abandons; it is a bare ``os.read``, which holds no
+    lock of Python's buffered stdin, so the process can exit while one is pending."""
+
+    def __init__(self, fd: int, limit: int = MAX_LINE_BYTES) -> None:
+        self.fd = fd
+        self.limit = limit
+        self.buffer = bytearray()
+        self.skipped = 0  # bytes of an over-long line dropped so far
+        self.ended = False
+
+    async def next(self) -> bytes | OverLong | None:
+        """The next line (None once the input has ended)."""
+        while True:
+            end = self.buffer.find(b"\n") + 1
+            if end:
+                line = bytes(self.buffer[:end])
+                del self.buffer[:end]
+                if self.skipped:
+                    size, self.skipped = self.skipped + len(line), 0
+                    return OverLong(size)
+                return line
+            if len(self.buffer) > self.limit:
+                self.skipped += len(self.buffer)
+                self.buffer.clear()
+            if self.ended:
+                rest, self.buffer = bytes(self.buffer), bytearray()
+                if self.skipped:
+                    size, self.skipped = self.skipped + len(rest), 0
+                    return OverLong(size)
+                return rest or None
+            chunk = await trio.to_thread.run_sync(
+                os.read, self.fd, SKIP_CHUNK, abandon_on_cancel=True
+            )
+            if chunk:
+                self.buffer += chunk
+            else:
+                self.ended = True
 
 
 def parse_request(line: bytes | OverLong) -> object:
