@@ -6,8 +6,16 @@ Checks that need Dynamo's wire (wire faults, raw bytes, tombstones) ask for
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import itertools
+import json
+import re
+import socket
 import struct
+import time
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -659,3 +667,496 @@ def test_bidirectional_dispatch_refuses_other_modes(target: Target, mode: str) -
         f"a streamed request in mode {mode} should be refused with InvalidArgument before "
         f"reaching a worker; got {outcome}",
     )
+
+
+# --- TRN-022, TRN-023, TRN-027: requests a worker cannot use ---
+#
+# The control message's schema (TRN-001; Dynamo 1.6.1's ``RequestControlMessage``): each
+# field's kind, whether it must be present, and the values it allows. The checks draw the
+# unusable values from it, by kind, rather than from a list of known inputs. A request goes to
+# an endpoint no worker serves: the answer to an unusable request must not depend on it.
+
+NO_ENDPOINT = "routespec/conformance/no-such-endpoint"
+PEER = "127.0.0.1"  # where ``send_raw`` connects from: where a worker may dial back
+OTHER_HOST = "127.0.0.2"  # this machine too, but not the request's peer (TRN-027)
+DIAL_WAIT = 10.0  # real seconds a check waits for a worker to dial back
+FRAME_LIMIT = 1 << 20
+PORT = re.compile(r"[0-9]{1,5}")
+NAME_LIKE = re.compile(r"[A-Za-z0-9.-]+")  # might name a host that resolves to the peer
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    kind: str  # string | enum | address | json-object | object | string-map
+    required: bool = True
+    allowed: tuple[str, ...] = ()
+    fields: Mapping[str, Field] = dataclasses.field(default_factory=dict)
+
+
+STREAM_INFO = {
+    "address": Field("address"),
+    "subject": Field("string"),
+    "context": Field("string", required=False),
+}
+STREAM_CONNECTION = {
+    "transport": Field("enum", allowed=("tcp_server",)),
+    "info": Field("json-object", fields=STREAM_INFO),
+}
+RESPONSE_FIELD, REQUEST_STREAM_FIELD = "connection_info", "request_stream_connection_info"
+CONTROL_SCHEMA = {
+    "id": Field("string"),
+    "request_type": Field("enum", required=False, allowed=("single_in", "many_in")),
+    "response_type": Field("enum", required=False, allowed=("many_out",)),
+    "payload_codec": Field("enum", required=False, allowed=("msgpack", "json")),
+    RESPONSE_FIELD: Field("object", fields=STREAM_CONNECTION),
+    "metadata": Field("string-map", required=False),
+    REQUEST_STREAM_FIELD: Field("object", fields=STREAM_CONNECTION),  # many_in only
+}
+MISSING = "<missing>"  # as a drawn value: the field is left out
+
+
+@dataclasses.dataclass(frozen=True)
+class BadAddress:
+    """An unusable ``host:port``: ``port`` None stands for the check's own (usable) port."""
+
+    host: str
+    port: str | None = None
+    text: str | None = None  # the whole value, when it is not host:port at all
+
+    def render(self, port: int) -> str:
+        if self.text is not None:
+            return self.text
+        return f"{self.host}:{port if self.port is None else self.port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unusable:
+    """A control message with one unusable value at ``path`` (``MISSING``: left out). The
+    worker's error names ``field``; ``at_ack`` when no usable response address remains."""
+
+    path: tuple[str, ...]
+    value: object
+    many_in: bool
+    field: str
+    at_ack: bool
+
+    def __repr__(self) -> str:
+        value = repr(self.value)
+        shown = value if len(value) <= 80 else f"{value[:60]}… ({len(value)} characters)"
+        return f"Unusable({self.field} = {shown}{', many_in' if self.many_in else ''})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # Hypothesis's reports
+        printer.text(repr(self))
+
+    def control(self, port: int, subject: str) -> bytes:
+        fields = usable_control(f"{PEER}:{port}", subject, many_in=self.many_in)
+        value = self.value.render(port) if isinstance(self.value, BadAddress) else self.value
+        _put(fields, self.path, value)
+        return json.dumps(fields).encode()
+
+
+def usable_control(address: str, subject: str, *, many_in: bool = False) -> dict[str, object]:
+    def connection(stream_subject: str) -> dict[str, object]:
+        info = {"address": address, "subject": stream_subject, "context": subject}
+        return {"transport": "tcp_server", "info": json.dumps(info)}
+
+    fields: dict[str, object] = {
+        "id": subject,
+        "request_type": "many_in" if many_in else "single_in",
+        "response_type": "many_out",
+        "payload_codec": "json",
+        RESPONSE_FIELD: connection(subject),
+        "metadata": {"trace": subject},
+    }
+    if many_in:
+        fields[REQUEST_STREAM_FIELD] = connection(f"{subject}-in")
+    return fields
+
+
+def _put(container: dict[str, object], path: tuple[str, ...], value: object) -> None:
+    key, rest = path[0], path[1:]
+    if not rest:
+        if value == MISSING:
+            container.pop(key, None)
+        else:
+            container[key] = value
+        return
+    inner = container[key]
+    if isinstance(inner, str):  # a JSON object carried as a string (``info``)
+        decoded = json.loads(inner)
+        _put(decoded, rest, value)
+        container[key] = json.dumps(decoded)
+    else:
+        assert isinstance(inner, dict)
+        _put(inner, rest, value)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _may_be_the_peer(host: str) -> bool:
+    """A host name (it may resolve to the peer) or the peer's own address in any spelling."""
+    if NAME_LIKE.fullmatch(host):
+        return True
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip) == PEER
+
+
+any_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=8,
+)
+not_a_string = any_json.filter(lambda value: not isinstance(value, str))
+not_an_object = any_json.filter(lambda value: not isinstance(value, dict))
+not_unicode = st.builds(  # a lone surrogate: JSON can escape it, no UTF-8 codec can send it
+    str.__add__, st.text(max_size=4), st.text(st.characters(categories=["Cs"]), min_size=1)
+)
+bad_ports = st.one_of(
+    st.integers(max_value=0).map(str),
+    st.integers(min_value=0x10000).map(str),
+    st.text(max_size=8).filter(lambda port: not PORT.fullmatch(port)),
+)
+bad_hosts = st.one_of(
+    st.just(""),
+    st.ip_addresses(v=4).map(str).filter(lambda host: host != PEER),
+    st.ip_addresses(v=6).map(lambda ip: f"[{ip}]").filter(lambda host: not _may_be_the_peer(host)),
+    st.text(max_size=20).filter(lambda host: not _may_be_the_peer(host)),
+)
+Drawn = tuple[object, str | None]  # an unusable value, and the name its error carries if not
+# the field's own
+Option = tuple[tuple[str, ...], st.SearchStrategy[Drawn]]  # a field's path, one class of values
+
+
+def _unusable_classes(field: Field) -> list[st.SearchStrategy[Drawn]]:
+    """The classes of values ``field`` cannot take, one strategy each."""
+    classes: list[st.SearchStrategy[object]] = []
+    if field.required:
+        classes.append(st.just(MISSING))
+    if field.kind in ("object", "string-map"):
+        classes.append(not_an_object)
+    else:
+        classes += [not_a_string, not_unicode]
+    if field.kind == "enum":
+        classes.append(st.text(max_size=12).filter(lambda text: text not in field.allowed))
+    elif field.kind == "address":
+        classes += [
+            st.text(max_size=30)
+            .filter(lambda text: ":" not in text)
+            .map(lambda text: BadAddress("", text=text)),
+            bad_ports.map(lambda port: BadAddress(PEER, port)),
+            bad_hosts.map(BadAddress),
+        ]
+    elif field.kind == "json-object":
+        classes += [
+            st.text(max_size=20).filter(lambda text: not _is_json(text)),
+            not_an_object.map(json.dumps),
+        ]
+    elif field.kind == "string-map":
+        classes += [
+            st.dictionaries(st.text(max_size=6), any_json, min_size=1).filter(
+                lambda values: any(not isinstance(v, str) for v in values.values())
+            ),
+            st.dictionaries(not_unicode, st.text(max_size=6), min_size=1),
+        ]
+        oversized = st.integers(CONTROL_LIMIT + 1, CONTROL_LIMIT + 4096)
+        return [*map(_own_name, classes), oversized.map(_oversized)]
+    return [_own_name(values) for values in classes]
+
+
+def _own_name(values: st.SearchStrategy[object]) -> st.SearchStrategy[Drawn]:
+    def drawn(value: object) -> Drawn:
+        return value, None
+
+    return values.map(drawn)
+
+
+def _oversized(size: int) -> Drawn:
+    """Metadata that takes the control message past 128 KiB: its error names the message."""
+    return {"pad": "x" * size}, "control_message"
+
+
+def _unusable_options(fields: Mapping[str, Field], prefix: tuple[str, ...]) -> list[Option]:
+    options: list[Option] = []
+    for name, field in fields.items():
+        path = (*prefix, name)
+        options += [(path, values) for values in _unusable_classes(field)]
+        options += _unusable_options(field.fields, path)
+    return options
+
+
+OPTIONS = {
+    many_in: _unusable_options(
+        {k: v for k, v in CONTROL_SCHEMA.items() if many_in or k != REQUEST_STREAM_FIELD}, ()
+    )
+    for many_in in (False, True)
+}
+
+
+def _unusable(path: tuple[str, ...], many_in: bool, drawn: Drawn) -> Unusable:
+    value, named = drawn
+    field = named or ".".join(path)
+    return Unusable(path, value, many_in, field, path[0] == RESPONSE_FIELD or named is not None)
+
+
+@st.composite
+def unusable_requests(draw: st.DrawFn) -> Unusable:
+    """A control message with one unusable value: a field of ``CONTROL_SCHEMA`` and a class
+    of values it cannot take, both drawn uniformly, then a value of that class."""
+    many_in = draw(st.booleans())
+    path, values = draw(st.sampled_from(OPTIONS[many_in]))
+    return _unusable(path, many_in, draw(values))
+
+
+def every_unusable_kind() -> st.SearchStrategy[list[Unusable]]:
+    """One unusable request for every field of ``CONTROL_SCHEMA`` and every class of values
+    it cannot take, in both request types."""
+    return st.tuples(
+        *(
+            st.tuples(st.just(path), st.just(many_in), values)
+            for many_in, options in OPTIONS.items()
+            for path, values in options
+        )
+    ).map(lambda drawn: [_unusable(*fields) for fields in drawn])
+
+
+def request_message(path: str, control: bytes, body: bytes = b"{}") -> bytes:
+    """A well-framed request-plane message (TRN-001) around ``control``."""
+    payload = struct.pack(">QQQ", len(control), len(body), 0) + control + body
+    encoded, headers = path.encode(), b"{}"
+    return b"".join(
+        (
+            struct.pack(">H", len(encoded)),
+            encoded,
+            struct.pack(">H", len(headers)),
+            headers,
+            struct.pack(">I", len(payload)),
+            payload,
+        )
+    )
+
+
+def _listener(host: str) -> socket.socket:
+    listener = socket.socket()
+    try:
+        listener.bind((host, 0))
+        listener.listen(64)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def _exactly(stream: socket.socket, count: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < count:
+        chunk = stream.recv(count - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def _header(stream: socket.socket) -> object:
+    """The JSON header of the next two-part frame, or None if the stream ends first."""
+    prefix = _exactly(stream, 24)
+    if prefix is None:
+        return None
+    header_len, body_len, _ = struct.unpack(">QQQ", prefix)
+    if header_len + body_len > FRAME_LIMIT:
+        return None
+    frame = _exactly(stream, header_len + body_len)
+    if frame is None or not header_len:
+        return None
+    try:
+        return json.loads(frame[:header_len])
+    except ValueError:
+        return None
+
+
+def dialled_back(listener: socket.socket, subject: str) -> tuple[list[object], object]:
+    """Wait (``DIAL_WAIT`` real seconds at most) for a worker to dial ``listener`` for the
+    stream ``subject``; returns the handshakes of the streams that came first, and the
+    prologue of ``subject``'s stream (None if it never came)."""
+    deadline = time.monotonic() + DIAL_WAIT
+    earlier: list[object] = []
+    while (left := deadline - time.monotonic()) > 0:
+        listener.settimeout(left)
+        try:
+            stream, _ = listener.accept()
+        except TimeoutError:
+            break
+        with stream:
+            stream.settimeout(max(deadline - time.monotonic(), 0.1))
+            try:
+                handshake = _header(stream)
+                if isinstance(handshake, dict) and handshake.get("subject") == subject:
+                    return earlier, _header(stream)
+            except OSError:
+                handshake = None
+            earlier.append(handshake)
+    return earlier, None
+
+
+def names_invalid_argument(prologue: object, field: str) -> bool:
+    """A prologue that fails the request with ``InvalidArgument`` naming ``field``: its text
+    names the field and, where the wire carries the type (``typed_error``), it is the type."""
+    if not isinstance(prologue, dict) or not isinstance(prologue.get("error"), str):
+        return False
+    typed = prologue.get("typed_error")
+    return field in prologue["error"] and (
+        typed is None or (isinstance(typed, dict) and typed.get("error_type") == "InvalidArgument")
+    )
+
+
+def a_worker(target: Target) -> int:
+    workers = [d.worker_id for d in target.dispatch_log()]
+    return workers[0] if workers else target.add_worker()
+
+
+MARKER = Unusable(("payload_codec",), "no-such-codec", False, "payload_codec", False)
+
+
+@covers("TRN-022")
+@requires(Capability.DIRECT, Capability.WIRE_TRANSPORT)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(unusable=unusable_requests())
+def test_an_unusable_request_fails_only_itself(target: Target, unusable: Unusable) -> None:
+    """Each request is answered with a typed error naming the field at fault: a prologue
+    ``InvalidArgument`` where its response address is usable, else a refusal at the ACK —
+    seen here as no dial-back before the next request's (a usable ``MARKER``'s)."""
+    worker = a_worker(target)
+    with _listener(PEER) as listener:
+        port = listener.getsockname()[1]
+        target.send_raw(worker, request_message(NO_ENDPOINT, unusable.control(port, "unusable")))
+        if unusable.at_ack:
+            target.send_raw(worker, request_message(NO_ENDPOINT, MARKER.control(port, "marker")))
+            earlier, prologue = dialled_back(listener, "marker")
+            require(
+                "TRN-022",
+                names_invalid_argument(prologue, MARKER.field),
+                f"after a request with {unusable.field} = {unusable.value!r}, worker {worker} "
+                f"no longer answers a request with an unknown codec (prologue {prologue!r})",
+            )
+            require(
+                "TRN-022",
+                not earlier,
+                f"worker {worker} dialled back for a request whose response address is "
+                f"unusable ({unusable.field} = {unusable.value!r}): handshakes {earlier!r}",
+            )
+        else:
+            earlier, prologue = dialled_back(listener, "unusable")
+            require(
+                "TRN-022",
+                names_invalid_argument(prologue, unusable.field),
+                f"a request with {unusable.field} = {unusable.value!r} should fail in its "
+                f"prologue with InvalidArgument naming {unusable.field!r}",
+                expected=f"InvalidArgument naming {unusable.field}",
+                actual=repr(prologue),
+            )
+    serves_again(target, worker, "TRN-022")
+
+
+def _cut(message: bytes, at: int) -> bytes:
+    return message[: at % max(len(message), 1)]
+
+
+cut_requests = st.builds(  # a well-framed request that ends part-way
+    _cut,
+    unusable_requests().map(lambda u: request_message(NO_ENDPOINT, u.control(9, "x"))),
+    st.integers(0),
+)
+
+
+@covers("TRN-023")
+@requires(Capability.DIRECT, Capability.WIRE_TRANSPORT, Capability.SCRIPT_STALL)
+@settings(
+    max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sweep=every_unusable_kind(), noise=st.lists(raw_bytes | cut_requests, max_size=8))
+def test_no_failure_escapes_a_connection(
+    target: Target, sweep: list[Unusable], noise: list[bytes]
+) -> None:
+    """While a stream is open, hostile connections arrive: one request for every field of the
+    control message and every class of value it cannot take, then bad bytes and requests cut
+    short. The stream finishes with all its items and the worker serves the next request."""
+    worker = a_worker(target)
+    target.script_worker(worker, Stall(items=1, items_after=1))
+    stalled = target.submit(Direct(worker))
+    with _listener(PEER) as listener:  # never accepts: dial-backs wait in its backlog
+        port = listener.getsockname()[1]
+        for unusable in sweep:
+            target.send_raw(worker, request_message(NO_ENDPOINT, unusable.control(port, "h")))
+        for hostile in noise:
+            target.send_raw(worker, hostile)
+    target.release_stalled(worker)
+    outcome = finished(target, stalled, "TRN-023")
+    require(
+        "TRN-023",
+        outcome.error is None and indices(outcome) == [0, 1],
+        f"a stream open while {len(sweep) + len(noise)} hostile connections came should "
+        f"complete with items [0, 1]: {outcome}",
+    )
+    serves_again(target, worker, "TRN-023")
+
+
+@covers("TRN-027")
+@requires(Capability.DIRECT, Capability.WIRE_TRANSPORT)
+def test_a_worker_dials_back_only_to_the_request_peer(target: Target) -> None:
+    """The same request (with an unknown codec, so that a worker dials back to refuse it)
+    names first another address of this machine, then the request's peer: only the peer's
+    listener is dialled. The first request is refused at the ACK."""
+    worker = target.add_worker()
+    with _listener(PEER) as own:
+        try:
+            other: socket.socket | None = _listener(OTHER_HOST)
+        except OSError:  # no 127.0.0.2 here (not Linux): the positive half still runs
+            other = None
+        try:
+            if other is not None:
+                other_port = other.getsockname()[1]
+                control = MARKER.control(other_port, "elsewhere")
+                target.send_raw(worker, request_message(NO_ENDPOINT, control))
+            control = MARKER.control(own.getsockname()[1], "peer")
+            target.send_raw(worker, request_message(NO_ENDPOINT, control))
+            _, prologue = dialled_back(own, "peer")
+            require(
+                "TRN-027",
+                names_invalid_argument(prologue, MARKER.field),
+                f"worker {worker} should dial back to the request's own peer {PEER} with an "
+                f"InvalidArgument prologue; got {prologue!r}",
+            )
+            if other is not None:
+                other.setblocking(False)
+                try:
+                    stray, _ = other.accept()
+                except BlockingIOError:
+                    stray = None
+                if stray is not None:
+                    stray.close()
+                require(
+                    "TRN-027",
+                    stray is None,
+                    f"worker {worker} dialled back to {OTHER_HOST}, which is not the host "
+                    f"the request came from ({PEER})",
+                )
+        finally:
+            if other is not None:
+                other.close()
+    serves_again(target, worker, "TRN-027")

@@ -1,4 +1,9 @@
-"""A TCP connection that reads whole wire units, checking each length before reading it."""
+"""A TCP connection that reads whole wire units, checking each length before reading it.
+
+A worker's connections also share a ``ByteBudget`` (TRN-026), so that the bytes buffered by
+all of them together stay bounded, and may have an idle timeout (TRN-025): a connection on
+which no byte arrives for that long ends with ``ConnectionIdle``.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ RECEIVE_CHUNK = 64 * 1024
 LOOPBACK = "127.0.0.1"
 CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
@@ -37,27 +44,83 @@ async def open_stream(address: str) -> trio.SocketStream:
     directly, without ``open_tcp_stream``'s resolution and happy-eyeballs tasks."""
     host, port = split_address(address)
     try:
-        ip = ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
     except ValueError:
         return await trio.open_tcp_stream(host, port)
     family = trio.socket.AF_INET6 if ip.version == 6 else trio.socket.AF_INET
     sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
     try:
-        await sock.connect((host, port))
+        await sock.connect((str(ip), port))
     except BaseException:
         sock.close()
         raise
     return trio.SocketStream(sock)
 
 
+def peer_ip(stream: trio.abc.Stream) -> IPAddress | None:
+    """The IP address a socket stream's peer connects from (an IPv4-mapped IPv6 address as
+    IPv4), or None when it cannot be known."""
+    if not isinstance(stream, trio.SocketStream):
+        return None
+    try:
+        ip = ipaddress.ip_address(stream.socket.getpeername()[0])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+class OverBudget(Exception):
+    """A unit was refused because buffering it would take the process past its byte budget
+    (TRN-026). Its bytes were read and dropped: the connection is at a unit boundary."""
+
+
+class ConnectionIdle(Exception):
+    """No byte arrived on the connection for its idle timeout (TRN-025)."""
+
+
+class ByteBudget:
+    """The bytes that the connections sharing it may buffer at once, in total (TRN-026)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+
+    def charge(self, count: int) -> bool:
+        """Count ``count`` more bytes; False when the total is now over the limit."""
+        self.used += count
+        self.peak = max(self.peak, self.used)
+        return self.used <= self.limit
+
+    def release(self, count: int) -> None:
+        self.used -= count
+
+
 class FramedConnection:
     """Buffered reads of exact byte counts over one stream. ``None`` means a clean end of
-    stream at a unit boundary; an end inside a unit is a ``WireProtocolError``."""
+    stream at a unit boundary; an end inside a unit is a ``WireProtocolError``.
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    With a ``budget``, the bytes this connection buffers — the unit being received and the
+    unit it returned last, until the next read — count against it; a unit that would take
+    the total past the limit is read and dropped, and the read raises ``OverBudget``. With an
+    ``idle_timeout``, a read on which no byte arrives for that many seconds raises
+    ``ConnectionIdle``."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        budget: ByteBudget | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.stream = stream
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
+        self._budget = budget
+        self._charged = 0  # bytes of this connection counted in the budget
+        self._idle_timeout = idle_timeout
         self.closed = trio.Event()
 
     async def send(self, data: bytes) -> None:
@@ -74,48 +137,127 @@ class FramedConnection:
 
     async def aclose(self) -> None:
         self.closed.set()
+        self.release()
         await self.stream.aclose()
 
-    async def _read(self, count: int, field: str, *, at_boundary: bool = False) -> bytes | None:
+    def release(self) -> None:
+        """Give back every byte this connection counts in its budget (when it ends)."""
+        if self._budget is not None:
+            self._budget.release(self._charged)
+            self._charged = 0
+        self._buffer.clear()
+
+    def _settle(self) -> None:
+        """Between units: the unit returned last is no longer held, only the buffer is."""
+        if self._budget is not None and self._charged != len(self._buffer):
+            self._budget.release(self._charged - len(self._buffer))
+            self._charged = len(self._buffer)
+
+    async def _receive(self) -> bytes | bytearray:
+        # A fixed chunk: a declared length never sizes a receive buffer (TRN-012).
+        if self._idle_timeout is None:
+            return await self.stream.receive_some(RECEIVE_CHUNK)
+        with trio.move_on_after(self._idle_timeout):
+            return await self.stream.receive_some(RECEIVE_CHUNK)
+        raise ConnectionIdle(f"no byte arrived for {self._idle_timeout:g} s")
+
+    async def _fill(
+        self, count: int, field: str, *, at_boundary: bool = False, budgeted: bool = False
+    ) -> bool:
+        """Receive until ``count`` bytes are buffered; False for a clean end at a boundary.
+        Every byte counts in the budget; for a ``budgeted`` part, one the budget cannot hold
+        raises ``OverBudget`` (what was received still buffered). Fixed-size prefixes are
+        never refused, so a refusal always falls on a part whose length is known."""
         while len(self._buffer) < count:
-            # A fixed chunk: a declared length never sizes a receive buffer (TRN-012).
-            chunk = await self.stream.receive_some(RECEIVE_CHUNK)
+            chunk = await self._receive()
             if not chunk:
                 if at_boundary and not self._buffer:
-                    return None
+                    return False
                 raise WireProtocolError(
                     field, f"connection closed after {len(self._buffer)} of {count} bytes"
                 )
             self._buffer += chunk
-        data = bytes(self._buffer[:count])
+            if self._budget is not None:
+                self._charged += len(chunk)
+                if not self._budget.charge(len(chunk)) and budgeted:
+                    raise OverBudget(
+                        f"{field}: buffering it would exceed the limit of "
+                        f"{self._budget.limit} bytes"
+                    )
+        return True
+
+    def _take(self, count: int) -> bytes:
+        """The first ``count`` buffered bytes (still counted until the next read)."""
+        if count == len(self._buffer):
+            data = bytes(self._buffer)
+            self._buffer.clear()
+            return data
+        with memoryview(self._buffer) as view:
+            data = bytes(view[:count])
         del self._buffer[:count]
         return data
 
+    async def _skip(self, count: int, field: str) -> None:
+        """Drop the next ``count`` bytes, buffering at most one chunk of them at a time."""
+        while len(self._buffer) < count:
+            count -= len(self._buffer)
+            self._buffer.clear()
+            self._settle()
+            chunk = await self._receive()
+            if not chunk:
+                raise WireProtocolError(field, "connection closed inside a dropped unit")
+            self._buffer += chunk
+            if self._budget is not None:
+                self._charged += len(chunk)
+                self._budget.charge(len(chunk))
+        del self._buffer[:count]
+        self._settle()
+
+    async def _part(self, count: int, field: str) -> bytes | None:
+        """The next ``count`` bytes, or None when the budget refused them (then dropped)."""
+        try:
+            await self._fill(count, field, budgeted=True)
+        except OverBudget:
+            await self._skip(count, field)
+            return None
+        return self._take(count)
+
     async def _exactly(self, count: int, field: str) -> bytes:
-        data = await self._read(count, field)
-        assert data is not None
-        return data
+        await self._fill(count, field)
+        return self._take(count)
 
     async def read_two_part(self, limit: int = MAX_MESSAGE_BYTES) -> TwoPart | None:
-        prefix = await self._read(TWO_PART_PREFIX.size, "two_part", at_boundary=True)
-        if prefix is None:
+        self._settle()
+        if not await self._fill(TWO_PART_PREFIX.size, "two_part", at_boundary=True):
             return None
-        header_len, body_len = two_part_lengths(prefix, limit)
-        header = await self._exactly(header_len, "two_part.header")
-        body = await self._exactly(body_len, "two_part.body")
+        header_len, body_len = two_part_lengths(self._take(TWO_PART_PREFIX.size), limit)
+        header = await self._part(header_len, "two_part.header")
+        body = await self._part(body_len, "two_part.body") if header is not None else None
+        if header is None or body is None:
+            if header is None:
+                await self._skip(body_len, "two_part.body")
+            raise OverBudget(f"a frame of {header_len + body_len} bytes: over the byte budget")
         return TwoPart(header, body)
 
     async def read_request(self) -> RequestMessage | None:
-        prefix = await self._read(U16.size, "request.path_len", at_boundary=True)
-        if prefix is None:
+        """The next request message, or None at a clean end. A message the budget cannot
+        hold is read, dropped and reported as ``OverBudget`` (TRN-026)."""
+        self._settle()
+        if not await self._fill(U16.size, "request.path_len", at_boundary=True):
             return None
-        (path_len,) = U16.unpack(prefix)
-        path = await self._exactly(path_len, "request.path")
+        (path_len,) = U16.unpack(self._take(U16.size))
+        path = await self._part(path_len, "request.path")
         (headers_len,) = U16.unpack(await self._exactly(U16.size, "request.headers_len"))
-        headers = await self._exactly(headers_len, "request.headers")
+        headers = await self._part(headers_len, "request.headers")
         (payload_len,) = U32.unpack(await self._exactly(U32.size, "request.payload_len"))
         check_length("request.payload_len", payload_len, MAX_MESSAGE_BYTES)
-        payload = await self._exactly(payload_len, "request.payload")
+        payload = await self._part(payload_len, "request.payload")
+        if path is None or headers is None or payload is None:
+            limit = "?" if self._budget is None else self._budget.limit
+            raise OverBudget(
+                f"a request of {path_len + headers_len + payload_len} bytes would take the "
+                f"worker's buffered request bytes past their limit of {limit}"
+            )
         try:
             text = path.decode()
         except UnicodeDecodeError:

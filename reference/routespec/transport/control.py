@@ -1,10 +1,21 @@
-"""The control message: the JSON header of a request's two-part payload (TRN-001, TRN-002)."""
+"""The control message: the JSON header of a request's two-part payload (TRN-001, TRN-002).
+
+The worker reads it strictly (TRN-022): every field it uses must have a usable value, and an
+unusable one is a ``WireProtocolError`` naming the field by its dotted path
+(``connection_info.info.address``). ``read_control`` also says whether the response-stream
+address itself was usable, which decides where the worker reports the error. Where the
+worker may dial back to is a ``DialBackPolicy`` (TRN-027).
+"""
 
 from __future__ import annotations
+
+import ipaddress
+import re
 
 import attrs
 
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
+from routespec.transport.connection import IPAddress
 from routespec.transport.frames import MAX_CONTROL_BYTES, WireProtocolError, check_length
 
 SINGLE_IN = "single_in"
@@ -12,8 +23,43 @@ MANY_IN = "many_in"
 MANY_OUT = "many_out"
 TCP_SERVER = "tcp_server"
 
+CONNECTION_INFO = "connection_info"
+REQUEST_STREAM_INFO = "request_stream_connection_info"
 
 STOP, KILL = "stop", "kill"  # the control words a caller sends on a response stream
+
+SHOWN = 60  # characters of an unusable value an error message quotes
+_PORT = re.compile(r"[0-9]{1,5}")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to a length fit for an error message."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[: SHOWN - 1]}…"
+
+
+def host_port(address: str, field: str) -> tuple[str, int]:
+    """``host:port`` (an IPv6 host optionally in brackets) with a port in 1..65535 and a host
+    that is an IP address or a host name; anything else is a ``WireProtocolError``."""
+    host, colon, port = address.rpartition(":")
+    if not colon:
+        raise WireProtocolError(field, f"{shown(address)} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not _PORT.fullmatch(port) or not 0 < int(port) <= 0xFFFF:
+        raise WireProtocolError(field, f"port {shown(port)} is not a number in 1..65535")
+    if not host:
+        raise WireProtocolError(field, f"{shown(address)} has no host")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOSTNAME.fullmatch(host):
+            raise WireProtocolError(
+                field, f"host {shown(host)} is neither an IP address nor a host name"
+            ) from None
+    return host, int(port)
 
 
 @attrs.frozen
@@ -66,42 +112,77 @@ class ControlMessage:
         return header
 
 
+@attrs.frozen
+class UnusableControl:
+    """A control message the worker cannot serve (TRN-022): the error naming the field, and
+    the response-stream address if that much was usable (None: refuse at the ACK)."""
+
+    error: WireProtocolError
+    response: StreamAddress | None
+
+
 def parse_control(header: bytes) -> ControlMessage:
-    """The worker's view of a control message; anything malformed names its field."""
-    check_length("control_message", len(header), MAX_CONTROL_BYTES)
-    fields = _object(decode_json(header, "control_message"), "control_message")
+    """The worker's view of a control message; anything unusable names its field."""
+    read = read_control(header)
+    if isinstance(read, UnusableControl):
+        raise read.error
+    return read
+
+
+def read_control(header: bytes) -> ControlMessage | UnusableControl:
+    """Like ``parse_control``, but an unusable message comes back as ``UnusableControl``,
+    with the response address when only a later field is at fault."""
+    try:
+        check_length("control_message", len(header), MAX_CONTROL_BYTES)
+        fields = _object(decode_json(header, "control_message"), "control_message")
+        response = _stream_address(fields, CONNECTION_INFO)
+    except WireProtocolError as error:
+        return UnusableControl(error, None)
+    try:
+        return _control(fields, response)
+    except WireProtocolError as error:
+        return UnusableControl(error, response)
+
+
+def _control(fields: dict[str, object], response: StreamAddress) -> ControlMessage:
+    request_id = _string(fields.get("id"), "id")
     request_type = _string(fields.get("request_type", SINGLE_IN), "request_type")
     if request_type not in (SINGLE_IN, MANY_IN):
-        raise WireProtocolError("request_type", f"unsupported {request_type!r}")
+        raise WireProtocolError("request_type", f"unsupported {shown(request_type)}")
+    response_type = _string(fields.get("response_type", MANY_OUT), "response_type")
+    if response_type != MANY_OUT:
+        raise WireProtocolError("response_type", f"unsupported {shown(response_type)}")
+    codec_name = fields.get("payload_codec", PayloadCodec.JSON.value)  # absent: JSON
+    codec = PayloadCodec.named(_string(codec_name, "payload_codec"))
+    metadata = _strings(fields.get("metadata", {}), "metadata")
     request_stream = None
     if request_type == MANY_IN:
-        request_stream = _stream_address(fields, "request_stream_connection_info")
-    metadata = fields.get("metadata")
-    return ControlMessage(
-        request_id=_string(fields.get("id"), "id"),
-        payload_codec=PayloadCodec.named(fields.get("payload_codec")),
-        response=_stream_address(fields, "connection_info"),
-        metadata=_strings(metadata) if isinstance(metadata, dict) else {},
-        request_stream=request_stream,
-    )
+        request_stream = _stream_address(fields, REQUEST_STREAM_INFO)
+    return ControlMessage(request_id, codec, response, metadata, request_stream)
 
 
 def _stream_address(fields: dict[str, object], name: str) -> StreamAddress:
     connection = _object(fields.get(name), name)
     transport = connection.get("transport")
     if transport != TCP_SERVER:
-        raise WireProtocolError(f"{name}.transport", f"unsupported {transport!r}")
+        raise WireProtocolError(f"{name}.transport", f"unsupported {shown(transport)}")
     info_text = _string(connection.get("info"), f"{name}.info")
     info = _object(decode_json(info_text.encode(), f"{name}.info"), f"{name}.info")
+    address = _string(info.get("address"), f"{name}.info.address")
+    host_port(address, f"{name}.info.address")
     return StreamAddress(
-        address=_string(info.get("address"), f"{name}.info.address"),
+        address=address,
         subject=_string(info.get("subject"), f"{name}.info.subject"),
         context=_string(info.get("context", ""), f"{name}.info.context"),
     )
 
 
-def _strings(value: dict[str, object]) -> dict[str, str]:
-    return {str(key): str(item) for key, item in value.items()}
+def _strings(value: object, field: str) -> dict[str, str]:
+    """A JSON object of strings, as Dynamo's ``BTreeMap<String, String>``."""
+    strings: dict[str, str] = {}
+    for key, item in _object(value, field).items():
+        strings[_string(key, field)] = _string(item, f"{field}[{shown(key)}]")
+    return strings
 
 
 def _object(value: object, field: str) -> dict[str, object]:
@@ -113,4 +194,62 @@ def _object(value: object, field: str) -> dict[str, object]:
 def _string(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise WireProtocolError(field, f"expected a string, got {type(value).__name__}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a JSON escape of a lone surrogate: no codec can send it
+        raise WireProtocolError(field, f"{shown(value)} is not valid Unicode") from None
     return value
+
+
+# --- where a worker may dial back (TRN-027) ---
+
+PEER, ANY = "peer", "any"
+DEFAULT_DIAL_BACK = (PEER,)
+
+
+@attrs.frozen
+class DialBackPolicy:
+    """The hosts a worker may dial for a request's streams: the address the request came
+    from (``peer``), listed IP networks, or any host (``any``)."""
+
+    peer: bool = True
+    anywhere: bool = False
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: str | tuple[str, ...]) -> DialBackPolicy:
+        """From ``peer``, ``any`` and IP addresses or networks (``10.0.0.0/8``), given as a
+        tuple or comma-separated; a bad entry is a ``ValueError`` naming it."""
+        if isinstance(entries, str):
+            entries = tuple(entry.strip() for entry in entries.split(","))
+        peer = anywhere = False
+        networks = []
+        for entry in entries:
+            if entry == PEER:
+                peer = True
+            elif entry == ANY:
+                anywhere = True
+            else:
+                try:
+                    networks.append(ipaddress.ip_network(entry, strict=False))
+                except ValueError:
+                    raise ValueError(
+                        f"{entry!r} is not 'peer', 'any' or an IP address or network"
+                    ) from None
+        if not (peer or anywhere or networks):
+            raise ValueError("names no host: use 'peer', 'any' or IP addresses or networks")
+        return cls(peer, anywhere, tuple(networks))
+
+    def allows(self, ip: IPAddress, peer: IPAddress | None) -> bool:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return (
+            self.anywhere
+            or (self.peer and peer is not None and ip == peer)
+            or any(ip in network for network in self.networks)
+        )
+
+    def describe(self) -> str:
+        allowed = [PEER] if self.peer else []
+        allowed += [ANY] if self.anywhere else []
+        return ",".join(allowed + [str(network) for network in self.networks])

@@ -6,13 +6,22 @@ address, and writes handshake, prologue, data frames, ``complete_final`` and the
 A ``stop`` or ``kill`` from the caller ends the stream without a final frame. ``drain`` is a
 graceful shutdown: new requests are refused, open streams get a grace period to finish, and
 the rest end with ``Backend(EngineShutdown)`` so that their callers migrate them.
+
+Whatever a peer sends, only that peer's request or connection fails (TRN-012, TRN-022,
+TRN-023): a request the worker cannot use is refused with a typed error naming the field,
+and no exception leaves a connection's handler or a request's task. The server bounds what
+peers can hold (``WorkerLimits``): connections (TRN-024), idle time (TRN-025), buffered
+request bytes (TRN-026), and the hosts it dials back to (TRN-027).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+import ipaddress
+import logging
+import resource
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import attrs
 import trio
@@ -29,12 +38,30 @@ from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
 from routespec.transport.connection import (
     CONNECTION_ERRORS,
     LOOPBACK,
+    ByteBudget,
+    ConnectionIdle,
     FramedConnection,
+    IPAddress,
+    OverBudget,
     open_stream,
+    peer_ip,
 )
-from routespec.transport.control import KILL, STOP, ControlMessage, StreamAddress, parse_control
+from routespec.transport.control import (
+    CONNECTION_INFO,
+    KILL,
+    REQUEST_STREAM_INFO,
+    STOP,
+    ControlMessage,
+    DialBackPolicy,
+    StreamAddress,
+    UnusableControl,
+    host_port,
+    read_control,
+    shown,
+)
 from routespec.transport.frame_writer import FrameWriter
 from routespec.transport.frames import (
+    MAX_CONTROL_BYTES,
     SENTINEL,
     TwoPart,
     WireProtocolError,
@@ -47,6 +74,41 @@ SENTINEL_FRAME = TwoPart(header=SENTINEL).encode()
 PROLOGUE_OK = TwoPart(header=b'{"error":null}').encode()
 SHUTTING_DOWN = "worker is shutting down"
 STREAM_CUT_AT_SHUTDOWN = "worker shut down before the stream finished"
+UNUSABLE = "unusable request"
+
+# TRN-024 … TRN-026: the defaults of ``WorkerLimits`` (spec/transport.md states them).
+DEFAULT_MAX_CONNECTIONS = 1024
+FD_SHARE = 4  # below 4 * 1024 open files, the cap is a quarter of the process's limit
+DEFAULT_IDLE_TIMEOUT = 600.0
+DEFAULT_MAX_BUFFERED_BYTES = 64 * 1024 * 1024
+RESOLVE_TIMEOUT = 5.0  # for a stream address that names a host rather than an IP address
+
+LOG = logging.getLogger("routespec.worker")
+TaskBody = Callable[..., Awaitable[None]]
+
+
+def default_max_connections() -> int:
+    """1024, or a quarter of the process's open-file limit when that is lower (TRN-024):
+    the rest of the descriptors stay free for response streams and the process itself."""
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return DEFAULT_MAX_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft // FD_SHARE))
+
+
+@attrs.frozen
+class WorkerLimits:
+    """What peers can hold of a worker: request-plane connections at once (TRN-024), the
+    seconds a connection may stay silent (TRN-025), the request bytes buffered at once over
+    all connections (TRN-026), and where the worker may dial back (TRN-027)."""
+
+    max_connections: int = attrs.field(factory=default_max_connections)
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    dial_back: DialBackPolicy = attrs.field(factory=DialBackPolicy)
 
 
 def data_frame(codec: PayloadCodec, annotated: dict[str, object]) -> bytes:
@@ -61,19 +123,39 @@ def error_annotated(error: RoutingError) -> dict[str, object]:
     return {"event": "error", "error": encode_error(error)}
 
 
+def prologue_error(error: RoutingError) -> bytes:
+    """A prologue that fails the request before its first item with ``error`` (TRN-005)."""
+    prologue = {"error": str(error), "typed_error": encode_error(error)}
+    return TwoPart(header=encode_json(prologue)).encode()
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: message`` on one line, each leaf of an exception group in turn."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(one_line(leaf) for leaf in error.exceptions)
+    return " ".join(f"{type(error).__name__}: {error}".split())[:500]
+
+
 class WorkerServer:
     """Serves ``WorkerHandler``s over the request plane on ``host`` (loopback by default)."""
 
-    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
+    def __init__(
+        self, host: str = LOOPBACK, port: int = 0, limits: WorkerLimits | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        self.limits = WorkerLimits() if limits is None else limits
         self.bytes_received: collections.Counter[str] = collections.Counter()
+        self.connections = 0  # request-plane connections open now (TRN-024)
+        self.refused_connections = 0  # connections closed at once for the cap
+        self.budget = ByteBudget(self.limits.max_buffered_bytes)  # TRN-026
         self._handlers: dict[str, WorkerHandler] = {}
         self._scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._draining = False
         self._open_streams: set[trio.CancelScope] = set()
         self._streams_changed = trio.Event()
+        self._cap_reported = False
 
     def serve(self, path: str, handler: WorkerHandler) -> str:
         """Serve ``handler`` at ``path``; returns the transport address discovery records.
@@ -114,19 +196,83 @@ class WorkerServer:
                 task_status.started(self.port)
                 await trio.serve_listeners(self._serve_connection, listeners)
 
+    # one request-plane connection
+
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        connection = FramedConnection(stream)
-        async with stream:
-            try:
-                while (message := await connection.read_request()) is not None:
-                    self.bytes_received[message.path] += len(message.encode())
-                    await self._accept(connection, message.path, message.payload)
-            except (WireProtocolError, *CONNECTION_ERRORS):
-                return  # a broken peer loses only its own connection (TRN-012)
+        if self.connections >= self.limits.max_connections:  # TRN-024: closed at once
+            self.refused_connections += 1
+            if not self._cap_reported:
+                self._cap_reported = True
+                LOG.warning(
+                    "worker: %d connections open, the limit; closing new ones until one ends",
+                    self.connections,
+                )
+            await trio.aclose_forcefully(stream)
+            return
+        self.connections += 1
+        connection = FramedConnection(
+            stream, budget=self.budget, idle_timeout=self.limits.idle_timeout
+        )
+        peer = peer_ip(stream)
+        try:
+            await self._serve_requests(connection, peer)
+        except* Exception as group:  # TRN-023: whatever went wrong ends this connection only
+            LOG.warning("worker: connection from %s closed: %s", peer, one_line(group))
+        finally:
+            self.connections -= 1
+            if self.connections < self.limits.max_connections:
+                self._cap_reported = False
+            connection.release()
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_requests(self, connection: FramedConnection, peer: IPAddress | None) -> None:
+        try:
+            while True:
+                try:
+                    message = await connection.read_request()
+                except OverBudget as refused:  # TRN-026: its bytes were dropped, not held
+                    await connection.send(encode_ack(f"{RejectionKind.OVERLOADED.value} {refused}"))
+                    continue
+                if message is None:
+                    return
+                size = 8 + len(message.path.encode()) + len(message.headers) + len(message.payload)
+                self.bytes_received[message.path if message.path in self._handlers else ""] += size
+                await self._accept(connection, message.path, message.payload)
+        except (WireProtocolError, ConnectionIdle, *CONNECTION_ERRORS):
+            return  # a broken, silent or vanished peer loses only its own connection (TRN-012)
 
     async def _accept(self, connection: FramedConnection, path: str, payload: bytes) -> None:
-        parts = decode_two_part(payload)
-        control = parse_control(parts.header)
+        """Check the request, ACK it, and start its response (TRN-022: a request the worker
+        cannot use is refused here, or in its prologue, naming the field at fault)."""
+        peer = peer_ip(connection.stream)
+        try:
+            parts = decode_two_part(payload)
+        except WireProtocolError as error:
+            await self._refuse(connection, error)
+            return
+        read = read_control(parts.header)
+        unusable = read.error if isinstance(read, UnusableControl) else None
+        if read.response is None:
+            assert unusable is not None
+            await self._refuse(connection, unusable)  # nowhere to send a prologue: no dial
+            return
+        response = await self._vetted(read.response, CONNECTION_INFO, peer)
+        if isinstance(response, WireProtocolError):
+            await self._refuse(connection, response)  # TRN-027: never dialled
+            return
+        if isinstance(read, ControlMessage) and read.request_stream is not None:
+            inputs = await self._vetted(read.request_stream, REQUEST_STREAM_INFO, peer)
+            if isinstance(inputs, WireProtocolError):
+                unusable = inputs
+            else:
+                read = attrs.evolve(read, request_stream=inputs)
+        if unusable is not None or not isinstance(read, ControlMessage):
+            assert unusable is not None
+            await connection.send(encode_ack(""))
+            invalid = RoutingError(ErrorKind.INVALID_ARGUMENT, f"{UNUSABLE}: {unusable}")
+            self._start(peer, self._fail_in_prologue, response, invalid)
+            return
+        control = attrs.evolve(read, response=response)
         handler = self._handlers.get(path)
         if handler is None:
             await connection.send(encode_ack(f"Server unavailable: no endpoint at {path}"))
@@ -139,13 +285,55 @@ class WorkerServer:
             except WireProtocolError as error:
                 failure = error
         request = Request(control.request_id, body, control.metadata)
-        rejection = handler.admit(request)
+        try:
+            rejection = handler.admit(request)
+        except Exception as error:  # TRN-023: a handler's fault refuses its request only
+            LOG.warning("worker: admitting a request from %s failed: %s", peer, one_line(error))
+            rejection = Rejection(RejectionKind.UNAVAILABLE, f"admission failed: {error}")
         if self._draining:  # WorkerUnavailable at the caller: it migrates the request
             rejection = Rejection(RejectionKind.UNAVAILABLE, SHUTTING_DOWN)
         await connection.send(encode_ack("" if rejection is None else rejection.ack_text()))
         if rejection is None:
-            assert self._nursery is not None
-            self._nursery.start_soon(self._respond, control, handler, request, failure)
+            self._start(peer, self._respond, control, handler, request, failure)
+
+    async def _refuse(self, connection: FramedConnection, error: WireProtocolError) -> None:
+        """Refuse at the ACK, naming the field, when no usable response address exists."""
+        await connection.send(encode_ack(f"{RejectionKind.UNAVAILABLE.value} {UNUSABLE}: {error}"))
+
+    async def _vetted(
+        self, address: StreamAddress, name: str, peer: IPAddress | None
+    ) -> StreamAddress | WireProtocolError:
+        """``address`` with its host resolved to an IP address this worker may dial back to
+        (TRN-027), or the error naming the field."""
+        field = f"{name}.info.address"
+        try:
+            host, port = host_port(address.address, field)
+            candidates = await _resolve(host, port, field)
+        except WireProtocolError as error:
+            return error
+        policy = self.limits.dial_back
+        for ip in candidates:
+            if policy.allows(ip, peer):
+                literal = f"[{ip}]" if ip.version == 6 else str(ip)
+                return attrs.evolve(address, address=f"{literal}:{port}")
+        return WireProtocolError(
+            field,
+            f"host {shown(host)} is not one this worker dials back to (the request came from "
+            f"{peer}; allowed: {policy.describe()})",
+        )
+
+    def _start(self, peer: IPAddress | None, body: TaskBody, *args: object) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(_guarded, peer, body, *args)
+
+    # one request's streams
+
+    async def _fail_in_prologue(self, response: StreamAddress, failure: RoutingError) -> None:
+        try:
+            async with _dial(response, "response", prologue_error(failure), self.budget):
+                pass
+        except* (OSError, *CONNECTION_ERRORS):
+            pass  # the caller went away; nothing is left to tell it
 
     async def _respond(
         self,
@@ -158,7 +346,7 @@ class WorkerServer:
             async with contextlib.AsyncExitStack() as streams:
                 if control.request_stream is not None:
                     inputs = await streams.enter_async_context(
-                        _dial(control.request_stream, "request")
+                        _dial(control.request_stream, "request", b"", self.budget)
                     )
                     request = attrs.evolve(
                         request, payload=RequestStream(_read_inputs(inputs, control.payload_codec))
@@ -166,15 +354,16 @@ class WorkerServer:
                 try:
                     if failure is not None:
                         raise RoutingError(ErrorKind.INVALID_ARGUMENT, str(failure))
-                    items = await handler.start(request)
+                    items = await _started(handler, request)
                 except RoutingError as error:
-                    prologue = {"error": str(error), "typed_error": encode_error(error)}
-                    refusal = TwoPart(header=encode_json(prologue)).encode()
-                    await streams.enter_async_context(_dial(control.response, "response", refusal))
+                    refusal = prologue_error(error)
+                    await streams.enter_async_context(
+                        _dial(control.response, "response", refusal, self.budget)
+                    )
                     return
                 streams.push_async_callback(_close_shielded, items)
                 output = await streams.enter_async_context(
-                    _dial(control.response, "response", PROLOGUE_OK)
+                    _dial(control.response, "response", PROLOGUE_OK, self.budget)
                 )
                 await self._stream(output, control.payload_codec, items)
         except* (OSError, *CONNECTION_ERRORS):
@@ -207,6 +396,9 @@ class WorkerServer:
                                 return  # the stream ends here, without a final frame
                     except RoutingError as error:
                         await out.write(data_frame(codec, error_annotated(error)))
+                    except Exception as error:  # TRN-023: the handler's fault ends its stream
+                        failure = RoutingError(BackendKind.UNKNOWN, one_line(error))
+                        await out.write(data_frame(codec, error_annotated(failure)))
                 if drained.cancelled_caught:
                     cut = RoutingError(BackendKind.ENGINE_SHUTDOWN, STREAM_CUT_AT_SHUTDOWN)
                     await out.write(data_frame(codec, error_annotated(cut)))
@@ -221,18 +413,60 @@ class WorkerServer:
         return True
 
 
+async def _guarded(peer: IPAddress | None, body: TaskBody, *args: object) -> None:
+    """A request's task: no exception leaves it (TRN-023); cancellation still does."""
+    try:
+        await body(*args)
+    except* Exception as group:
+        LOG.warning("worker: a request from %s ended early: %s", peer, one_line(group))
+
+
+async def _started(handler: WorkerHandler, request: Request) -> AsyncGenerator[object, None]:
+    """``handler.start``; an exception other than ``RoutingError`` is ``Backend(Unknown)``."""
+    try:
+        return await handler.start(request)
+    except RoutingError:
+        raise
+    except Exception as error:
+        raise RoutingError(BackendKind.UNKNOWN, one_line(error)) from None
+
+
+async def _resolve(host: str, port: int, field: str) -> list[IPAddress]:
+    """The IP addresses ``host`` stands for: itself, or what the resolver says within
+    ``RESOLVE_TIMEOUT`` seconds."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    found: list[IPAddress] = []
+    with trio.move_on_after(RESOLVE_TIMEOUT):
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as error:
+            reason = f"host {shown(host)} does not resolve: {error}"
+            raise WireProtocolError(field, reason) from None
+        for *_, sockaddr in infos:
+            with contextlib.suppress(ValueError):
+                found.append(ipaddress.ip_address(str(sockaddr[0]).partition("%")[0]))
+        return found
+    raise WireProtocolError(field, f"host {shown(host)} did not resolve in {RESOLVE_TIMEOUT:g} s")
+
+
 @contextlib.asynccontextmanager
 async def _dial(
-    address: StreamAddress, stream_type: str, then: bytes = b""
+    address: StreamAddress, stream_type: str, then: bytes = b"", budget: ByteBudget | None = None
 ) -> AsyncIterator[FramedConnection]:
     """Dial the caller's stream server, introduce the stream by its subject and send
     ``then`` (the prologue) in the same write."""
     stream = await open_stream(address.address)
     async with stream:
-        connection = FramedConnection(stream)
-        handshake = {"subject": address.subject, "stream_type": stream_type}
-        await connection.send(TwoPart(header=encode_json(handshake)).encode() + then)
-        yield connection
+        connection = FramedConnection(stream, budget=budget)
+        try:
+            handshake = {"subject": address.subject, "stream_type": stream_type}
+            await connection.send(TwoPart(header=encode_json(handshake)).encode() + then)
+            yield connection
+        finally:
+            connection.release()
 
 
 async def _read_inputs(
@@ -242,11 +476,16 @@ async def _read_inputs(
     while True:
         try:
             frame = await connection.read_two_part()
+        except OverBudget as error:  # TRN-026
+            raise RoutingError(ErrorKind.WORKER_OVERLOADED, f"request stream: {error}") from None
         except (WireProtocolError, *CONNECTION_ERRORS):
             frame = None
         if frame is None:
             raise RoutingError(ErrorKind.DISCONNECTED, "request stream ended before complete_final")
-        wrapper = codec.decode(frame.body, "request_stream.frame")
+        try:
+            wrapper = codec.decode(frame.body, "request_stream.frame")
+        except WireProtocolError as error:
+            raise RoutingError(ErrorKind.INVALID_ARGUMENT, f"request stream: {error}") from None
         if not isinstance(wrapper, dict) or wrapper.get("complete_final") is True:
             return
         yield wrapper.get("data")
@@ -260,9 +499,9 @@ async def _close_shielded(items: AsyncGenerator[object, None]) -> None:
 async def _watch_control(connection: FramedConnection, stream_scope: trio.CancelScope) -> None:
     """End the stream when the caller sends ``stop``/``kill`` or goes away."""
     try:
-        while (frame := await connection.read_two_part()) is not None:
+        while (frame := await connection.read_two_part(MAX_CONTROL_BYTES)) is not None:
             if frame.header and decode_json(frame.header, "control") in (STOP, KILL):
                 break
-    except (WireProtocolError, *CONNECTION_ERRORS):
+    except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
         pass
     stream_scope.cancel()

@@ -27,7 +27,7 @@ from routespec.deploy.cli.conformance import add_parser as add_conformance_parse
 from routespec.deploy.cli.conformance import run_conformance
 from routespec.deploy.cli.instances import list_instances
 from routespec.deploy.cli.usage import INTERNAL_ERROR_EXIT, USAGE_EXIT, UsageError
-from routespec.deploy.cli.worker import serve_worker
+from routespec.deploy.cli.worker import add_limit_options, serve_worker
 from routespec.discovery.file_store import DEFAULT_TTL, split_endpoint
 from routespec.discovery.store import DiscoveryError
 from routespec.routing.selection import RouterMode
@@ -296,6 +296,7 @@ def build_parser() -> Parser:
         help="how long open streams may run on after SIGTERM or Ctrl-C (default %(default)s)",
     )
     _metrics_options(worker)
+    add_limit_options(worker)
     worker.set_defaults(run=serve_worker)
 
     one = _command(
@@ -409,8 +410,8 @@ def _exit_status(parser: Parser, failure: BaseException) -> int:
         first = next(leaf for leaf in leaves if isinstance(leaf, FAILURES))
         print(f"{parser.prog}: error: {first}", file=sys.stderr)
         return USAGE_EXIT
-    first = next(leaf for leaf in leaves if not isinstance(leaf, (*FAILURES, KeyboardInterrupt)))
-    print(f"{parser.prog}: internal error: {type(first).__name__}: {first}", file=sys.stderr)
+    internal = next(leaf for leaf in leaves if not isinstance(leaf, (*FAILURES, KeyboardInterrupt)))
+    print(f"{parser.prog}: internal error: {type(internal).__name__}: {internal}", file=sys.stderr)
     traceback.print_exception(failure, file=sys.stderr)
     return INTERNAL_ERROR_EXIT
 
