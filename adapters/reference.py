@@ -19,6 +19,7 @@ from routespec.errors import RoutingError, bound_message, error_chain, parse_typ
 from routespec.errors import match_error_chain as reference_match_error_chain
 from routespec.host.routing_host import RoutingHost
 from routespec.migration import Migration
+from routespec.routing.deadlines import Deadlines, with_deadlines
 from routespec.routing.push_router import PushRouter
 from routespec.routing.selection import RouterMode
 from routespec.routing.streaming import (
@@ -46,8 +47,11 @@ from routespec.testing.target import (
     ObservedError,
     Outcome,
     RoutingHostTarget,
+    Silent,
+    SilentStage,
     Target,
     TargetConfig,
+    Timeouts,
     WorkerScript,
     WorkerSetsView,
 )
@@ -131,6 +135,9 @@ class Cluster(Protocol):
     def announce_removal(self, worker_id: int, removed: bool) -> None: ...
     def worker_bytes(self, worker_id: int) -> int: ...
     async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
+    async def black_hole(self) -> str:
+        """An address whose connections never complete (Capability.SCRIPT_SILENCE)."""
+        ...
 
 
 @attrs.define
@@ -164,8 +171,23 @@ class InProcessCluster:
     async def send_raw(self, worker_id: int | None, data: bytes) -> None:
         raise NotImplementedError("in-process workers have no ports")
 
+    async def black_hole(self) -> str:
+        raise NotImplementedError("in-process workers are not connected to")
+
 
 ClusterFactory = Callable[[TrioPortal], Cluster]
+
+
+def deadlines_of(timeouts: Timeouts) -> Deadlines:
+    """The router's deadlines: the config's where it sets them, else the defaults (TMO)."""
+    fields = {
+        "connect_timeout": timeouts.connect,
+        "ack_timeout": timeouts.ack,
+        "establish_timeout": timeouts.establish,
+        "first_item_timeout": timeouts.first_item,
+        "inactivity_timeout": timeouts.inactivity,
+    }
+    return Deadlines(**{name: value for name, value in fields.items() if value is not None})
 
 
 class ReferenceTarget:
@@ -189,6 +211,7 @@ class ReferenceTarget:
         self._cluster = cluster
         self._workers: dict[int, ScriptedWorker] = {}
         self._processes: set[int] = set()  # workers that are separate OS processes
+        self._own_addresses: dict[int, str] = {}  # of workers silent at CONNECT
         self._log: list[Delivery] = []
         self._outcomes: dict[str, Outcome] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
@@ -201,7 +224,10 @@ class ReferenceTarget:
             return router_class.create(
                 ENDPOINT,
                 self._discovery,
-                FirstResponseGuardedDispatch(cluster.transport, portal.nursery),
+                FirstResponseGuardedDispatch(
+                    with_deadlines(cluster.transport, deadlines_of(config.timeouts)),
+                    portal.nursery,
+                ),
                 inhibited_duration=config.inhibited_duration,
                 fault_detection=config.fault_detection,
                 rng=random.Random(config.seed),
@@ -259,6 +285,23 @@ class ReferenceTarget:
             self._scripted(worker_id).script = script
 
         self._portal.call_sync(assign)
+        unreachable = isinstance(script, Silent) and script.stage is SilentStage.CONNECT
+        if unreachable != (worker_id in self._own_addresses):
+            self._portal.call(lambda: self._list_unreachable(worker_id, unreachable))
+
+    async def _list_unreachable(self, worker_id: int, unreachable: bool) -> None:
+        """A worker silent at CONNECT is listed at an address whose connections never
+        complete; scripted otherwise, at its own address again."""
+        instance = self._discovery.lookup(worker_id)
+        if instance is None:
+            return
+        if unreachable:
+            self._own_addresses[worker_id] = instance.address
+            path = instance.address.partition("/")[2]
+            address = f"{await self._cluster.black_hole()}/{path}"
+        else:
+            address = self._own_addresses.pop(worker_id)
+        self._discovery.register(attrs.evolve(instance, address=address))
 
     def release_stalled(self, worker_id: int) -> None:
         self._portal.call_sync(self._scripted(worker_id).release_stalled)
@@ -476,6 +519,7 @@ class ReferenceTarget:
 
 WIRE_ONLY = frozenset(
     {
+        Capability.SCRIPT_SILENCE,
         Capability.SCRIPT_WIRE_FAULTS,
         Capability.ANNOUNCE_REMOVAL,
         Capability.KILL_WORKER_PROCESS,

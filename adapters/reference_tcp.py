@@ -20,7 +20,7 @@ import trio
 from routespec.adapters.reference import ENDPOINT, Cluster, ReferenceAdapter
 from routespec.routing.streaming import InflightGauge
 from routespec.testing import drill_process
-from routespec.testing.drill_server import DrillWorkerServer
+from routespec.testing.drill_server import DrillWorkerServer, serve_black_hole
 from routespec.testing.portal import TrioPortal
 from routespec.testing.scripted import ScriptedWorker
 from routespec.testing.target import Capability, Delivery, WorkerScript
@@ -84,6 +84,7 @@ class TcpCluster:
         self._servers: dict[int, DrillWorkerServer] = {}
         self._processes: dict[int, WorkerProcess] = {}
         self._progress = trio.Event()  # set, then replaced, whenever a process reports
+        self._black_hole: str | None = None
         self.transport = portal.call(self._open_dispatch)
 
     async def _open_dispatch(self) -> TcpDispatch:
@@ -192,6 +193,11 @@ class TcpCluster:
         async with stream:
             with contextlib.suppress(trio.BrokenResourceError):
                 await stream.send_all(data)
+
+    async def black_hole(self) -> str:
+        if self._black_hole is None:
+            self._black_hole = await self._portal.nursery.start(serve_black_hole)
+        return self._black_hole
 
     def _port(self, worker_id: int) -> int | None:
         if worker_id in self._processes:

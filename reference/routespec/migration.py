@@ -31,7 +31,7 @@ MIGRATABLE_TYPES: frozenset[ErrorType] = frozenset(
     {
         ErrorKind.CANNOT_CONNECT,
         ErrorKind.DISCONNECTED,
-        ErrorKind.CONNECTION_TIMEOUT,
+        ErrorKind.CONNECTION_TIMEOUT,  # a deadline's expiry moves the request on (TMO-007)
         ErrorKind.RESPONSE_TIMEOUT,
         ErrorKind.WORKER_OVERLOADED,
         ErrorKind.WORKER_UNAVAILABLE,

@@ -1,5 +1,10 @@
 """A worker server that breaks the response-stream protocol on request, for the suite's
-wire checks (TRN-008, TRN-009, TRN-010, TRN-014) and for drilling other runtimes' callers."""
+wire checks (TRN-008, TRN-009, TRN-010, TRN-014) and for drilling other runtimes' callers.
+
+It also goes silent at any stage of the wire exchange a ``Silent`` script names (the
+caller-side deadlines' checks, spec: TMO): after reading a request without ACKing it, after
+the ACK without dialling back, and after the handshake without the prologue.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,19 @@ import trio
 
 from routespec.routing.streaming import Request, WorkerHandler
 from routespec.testing.scripted import ScriptedWorker, WireFaultMarker
-from routespec.testing.target import Misbehave, WireFault
-from routespec.transport.codecs import PayloadCodec
-from routespec.transport.control import ControlMessage
+from routespec.testing.target import Misbehave, Silent, SilentStage, WireFault
+from routespec.transport.codecs import PayloadCodec, encode_json
+from routespec.transport.connection import (
+    CONNECTION_ERRORS,
+    LOOPBACK,
+    FramedConnection,
+    open_stream,
+)
+from routespec.transport.control import ControlMessage, parse_control
 from routespec.transport.frame_writer import FrameWriter
-from routespec.transport.frames import TwoPart, WireProtocolError
+from routespec.transport.frames import TwoPart, WireProtocolError, decode_two_part
 from routespec.transport.worker_server import (
+    PROLOGUE_OK,
     WorkerServer,
     data_frame,
     final_frame,
@@ -21,7 +33,27 @@ from routespec.transport.worker_server import (
 GARBLED = b"\xc1"  # a byte msgpack never uses
 
 
+def silent_at(handler: WorkerHandler | None, stage: SilentStage) -> ScriptedWorker | None:
+    """The scripted worker behind ``handler`` if its script is silent at ``stage``."""
+    if not isinstance(handler, ScriptedWorker):
+        return None
+    script = handler.script
+    return handler if isinstance(script, Silent) and script.stage is stage else None
+
+
 class DrillWorkerServer(WorkerServer):
+    async def _accept(self, connection: FramedConnection, path: str, payload: bytes) -> None:
+        worker = silent_at(self._handlers.get(path), SilentStage.ACK)
+        if worker is not None:
+            try:
+                control = parse_control(decode_two_part(payload).header)
+            except WireProtocolError:
+                control = None  # the server's own handling answers a broken request
+            if control is not None:
+                worker.arrived(Request(control.request_id, None, control.metadata))
+                await worker.silence(control.request_id)  # read, not answered
+        await super()._accept(connection, path, payload)
+
     async def _respond(
         self,
         control: ControlMessage,
@@ -32,7 +64,34 @@ class DrillWorkerServer(WorkerServer):
         script = handler.script if isinstance(handler, ScriptedWorker) else None
         if isinstance(script, Misbehave) and script.fault is WireFault.NO_CALL_HOME:
             await trio.sleep_forever()  # ACKed, and the stream never comes
+        if (worker := silent_at(handler, SilentStage.DIAL_BACK)) is not None:
+            await worker.silence(request.request_id)  # ACKed; the dial-back comes late
+        worker = silent_at(handler, SilentStage.HANDSHAKE)
+        if worker is not None and control.request_stream is None and failure is None:
+            await self._handshake_then_silence(control, worker, request)
+            return
         await super()._respond(control, handler, request, failure)
+
+    async def _handshake_then_silence(
+        self, control: ControlMessage, worker: ScriptedWorker, request: Request
+    ) -> None:
+        """Dial back and introduce the stream, then say nothing until released."""
+        try:
+            stream = await open_stream(control.response.address)
+            async with stream:
+                connection = FramedConnection(stream)
+                handshake = {"subject": control.response.subject, "stream_type": "response"}
+                await connection.send(TwoPart(header=encode_json(handshake)).encode())
+                await worker.silence(request.request_id)
+                await connection.send(PROLOGUE_OK)
+                items = await worker.start(request)
+                try:
+                    await self.send_items(connection, control.payload_codec, items)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await items.aclose()
+        except* (OSError, *CONNECTION_ERRORS):
+            pass  # the caller gave up on the stream and closed it
 
     async def send_item(self, out: FrameWriter, codec: PayloadCodec, item: object) -> bool:
         if not isinstance(item, WireFaultMarker):
@@ -44,3 +103,18 @@ class DrillWorkerServer(WorkerServer):
         elif item.fault is WireFault.FRAME_AFTER_FINAL:
             await out.write(final_frame(codec) + data_frame(codec, {"data": "late"}))
         return item.fault is not WireFault.EOF_BEFORE_FINAL
+
+
+async def serve_black_hole(*, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    """Hold a port on 127.0.0.1 whose connections never complete, for a worker silent at
+    ``CONNECT``: a listener with a backlog of 0 that never accepts, its one queue slot taken
+    by a connection of its own. Linux then drops the SYN of every further connect, so a
+    caller's connect hangs until its own deadline ends it."""
+    listener, filler = trio.socket.socket(), trio.socket.socket()
+    with listener, filler:
+        await listener.bind((LOOPBACK, 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        await filler.connect((LOOPBACK, port))
+        task_status.started(f"{LOOPBACK}:{port}")
+        await trio.sleep_forever()

@@ -18,9 +18,11 @@ from routespec.testing.target import (
     Misbehave,
     Reject,
     Serve,
+    Silent,
     Stall,
     TerminalFlood,
     TerminalThen,
+    Trickle,
     WireFault,
     WorkerScript,
 )
@@ -53,13 +55,19 @@ class ScriptedWorker:
     on_stall: Callable[[str], None] | None = None
     """Called with the request id when a ``Stall`` script has yielded its items and waits."""
     _release: trio.Event = attrs.field(factory=trio.Event)
+    _logged_on_arrival: set[str] = attrs.field(factory=set)
 
     def release_stalled(self) -> None:
         self._release.set()
         self._release = trio.Event()
 
-    def admit(self, request: Request) -> Rejection | None:
-        """Every request that reaches the worker is logged, admitted or not."""
+    def arrived(self, request: Request) -> None:
+        """Log a request that reached the worker before ``admit`` runs (a worker silent at
+        its ACK has the request but has not answered); ``admit`` will not log it again."""
+        self._log(request)
+        self._logged_on_arrival.add(request.request_id)
+
+    def _log(self, request: Request) -> None:
         prepared = request.annotations.get(PREPARED_FOR)
         payload = None if isinstance(request.payload, RequestStream) else request.payload
         self.log.append(
@@ -70,6 +78,17 @@ class ScriptedWorker:
                 payload,
             )
         )
+
+    async def silence(self, request_id: str) -> None:
+        """Where a ``Silent`` script's stage falls: wait, like a stall, until released."""
+        await self._stall(request_id, self._release)
+
+    def admit(self, request: Request) -> Rejection | None:
+        """Every request that reaches the worker is logged, admitted or not."""
+        if request.request_id in self._logged_on_arrival:
+            self._logged_on_arrival.discard(request.request_id)
+        else:
+            self._log(request)
         if isinstance(self.script, Reject):
             kind = RejectionKind.OVERLOADED if self.script.overloaded else RejectionKind.UNAVAILABLE
             return Rejection(kind, self.script.message)
@@ -93,11 +112,14 @@ class ScriptedWorker:
         total = first + (script.items_after if isinstance(script, Stall) else 0)
         if tokens is not None:  # a token request: the script decides only where it fails
             budget = tokens[1]
-            first = budget if isinstance(script, Serve) else min(first, budget)
-            total = budget if isinstance(script, Serve | Stall) else first
+            whole = isinstance(script, Serve | Silent | Trickle)
+            first = budget if whole else min(first, budget)
+            total = budget if whole or isinstance(script, Stall) else first
         if isinstance(script, TerminalThen | TerminalFlood):
             total = first + 1  # the terminal frame, not a data item, ends the stream
         for index in range(first):
+            if index and isinstance(script, Trickle):
+                await trio.sleep(script.interval)
             yield self._item(request, index, tokens, last=index == total - 1)
         if isinstance(script, FailMidStream):
             raise build_error(script.error)

@@ -56,6 +56,9 @@ class Capability(enum.Enum):
     ERROR_MODEL = "errors:model"
     ROUTING_HOST = "host:routing-host"
     DISCOVERY_STORE = "discovery:store"
+    SCRIPT_SILENCE = "worker:script-silence"
+    SCRIPT_TRICKLE = "worker:script-trickle"
+    CONFIGURE_TIMEOUTS = "config:timeouts"
 
 
 @attrs.frozen
@@ -169,6 +172,41 @@ class TerminalFlood:
     interval: float = 1.0
 
 
+class SilentStage(enum.Enum):
+    """Where on Dynamo's wire a worker can go silent (spec: TMO), in the order a request
+    meets them."""
+
+    CONNECT = "connect"  # its request-plane port never completes a TCP connection
+    ACK = "ack"  # it reads the request and never ACKs it
+    DIAL_BACK = "dial-back"  # it ACKs and never dials the caller's response-stream address
+    HANDSHAKE = "handshake"  # it dials back and sends the handshake, never the prologue
+
+
+@attrs.frozen
+class Silent:
+    """Go silent at ``stage`` of the wire exchange and stay silent until released; then carry
+    on as ``Serve(items)`` (wire targets only, Capability.SCRIPT_SILENCE).
+
+    A worker silent at ``CONNECT`` takes no connection at all until it is scripted again;
+    ``release_stalled`` does not reach it. A worker silent at ``ACK`` holds its request-plane
+    connection, so later requests on that connection wait behind the silent one, as they
+    would behind a stopped process.
+    """
+
+    stage: SilentStage
+    items: int = 1
+
+
+@attrs.frozen
+class Trickle:
+    """Yield ``items`` data items, one every ``interval`` seconds of the target's clock (the
+    first at once), then end the stream cleanly: a slow worker that never stops answering
+    (Capability.SCRIPT_TRICKLE). A token request gets its whole ``max_tokens`` this way."""
+
+    items: int = 3
+    interval: float = 1.0
+
+
 WorkerScript = (
     Serve
     | FailBeforeStream
@@ -179,6 +217,8 @@ WorkerScript = (
     | CancelThenFail
     | TerminalThen
     | TerminalFlood
+    | Silent
+    | Trickle
 )
 
 
@@ -347,6 +387,18 @@ class WorkerSetsView:
 
 
 @attrs.frozen
+class Timeouts:
+    """The router's caller-side deadlines in seconds (spec: TMO); ``None`` keeps the
+    target's default for that stage (Capability.CONFIGURE_TIMEOUTS to set any)."""
+
+    connect: float | None = None
+    ack: float | None = None
+    establish: float | None = None
+    first_item: float | None = None
+    inactivity: float | None = None
+
+
+@attrs.frozen
 class TargetConfig:
     """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C)."""
 
@@ -354,6 +406,7 @@ class TargetConfig:
     inhibited_duration: float = 5.0
     fault_detection: bool = True
     device_ratio: int = 8
+    timeouts: Timeouts = Timeouts()
 
 
 @attrs.frozen

@@ -3,6 +3,10 @@
 Order of one dispatch (TRN-001, TRN-013): encode and size-check the control message, register the
 response stream, refuse a tombstoned instance without writing, write the request, read the
 ACK, wait for the worker to dial in, read the prologue, then stream frames.
+
+Every stage has a deadline (spec: TMO): connecting and the ACK (the request plane's, TMO-001,
+TMO-002), from the ACK to the prologue (TMO-003), and the stream's first item and the gaps
+between items (``DeadlineStream``, TMO-004, TMO-005). ``deadlines`` is read once per dispatch.
 """
 
 from __future__ import annotations
@@ -12,10 +16,17 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import attrs
 import trio
 
 from routespec.discovery.instances import Instance
 from routespec.errors import ErrorKind, RoutingError
+from routespec.routing.deadlines import (
+    DEFAULT_DEADLINES,
+    Deadlines,
+    DeadlineStream,
+    establish_timed_out,
+)
 from routespec.routing.streaming import (
     InflightGauge,
     Rejection,
@@ -45,8 +56,14 @@ TOMBSTONED = "Worker removed before request could be sent (tombstoned instance)"
 class TcpDispatch:
     """Sends requests to workers over Dynamo's TCP request plane and call-home streams."""
 
-    def __init__(self, nursery: trio.Nursery, response_plane: ResponsePlane) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        response_plane: ResponsePlane,
+        deadlines: Deadlines = DEFAULT_DEADLINES,
+    ) -> None:
         self.inflight = InflightGauge()
+        self.deadlines = deadlines  # TMO-010: this router's, each finite by default (TMO-009)
         self._response_plane = response_plane
         self._nursery = nursery
         self._request_plane = RequestPlane(nursery, self._connection_lost)
@@ -54,16 +71,19 @@ class TcpDispatch:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, host: str = LOOPBACK) -> AsyncIterator[TcpDispatch]:
+    async def open(
+        cls, host: str = LOOPBACK, deadlines: Deadlines = DEFAULT_DEADLINES
+    ) -> AsyncIterator[TcpDispatch]:
         async with trio.open_nursery() as nursery:
             response_plane = ResponsePlane(host)
             await nursery.start(response_plane.run)
-            dispatch = cls(nursery, response_plane)
+            dispatch = cls(nursery, response_plane, deadlines)
             try:
                 yield dispatch
             finally:
                 nursery.cancel_scope.cancel()
-                await dispatch._request_plane.aclose()
+                with trio.CancelScope(shield=True):  # the exception in flight stays
+                    await dispatch._request_plane.aclose()
 
     @property
     def response_address(self) -> str:
@@ -96,7 +116,15 @@ class TcpDispatch:
 
     # the dispatch
 
-    async def generate(self, instance: Instance, request: Request) -> TcpResponseStream:
+    def with_deadlines(self, deadlines: Deadlines) -> TcpDispatchWith:
+        """This transport with ``deadlines`` in place of its own, for one router (TMO-010)."""
+        return TcpDispatchWith(self, deadlines)
+
+    async def generate(
+        self, instance: Instance, request: Request, deadlines: Deadlines | None = None
+    ) -> DeadlineStream:
+        """Send ``request`` to ``instance`` under ``deadlines`` (by default this transport's)."""
+        deadlines = self.deadlines if deadlines is None else deadlines
         slot = self.inflight.open_slot()  # TRN-015: closed on every path below
         registrations: list[PendingStream] = []
         connection: FramedConnection | None = None
@@ -119,13 +147,23 @@ class TcpDispatch:
             message = RequestMessage(
                 path, self._headers(path, request), TwoPart(control, body).encode()
             ).encode()
-            ack = await self._request_plane.send(address, message)
+            ack = await self._request_plane.send(
+                address,
+                message,
+                connect_timeout=deadlines.connect_timeout,  # TMO-001
+                ack_timeout=deadlines.ack_timeout,  # TMO-002
+            )
             _raise_rejection(ack)  # TRN-004: before any wait on the response plane
             if inputs is not None:
                 pump = await self._nursery.start(_pump, registrations[1], inputs, codec)
-            connection = await registrations[0].wait()  # TRN-003: any other ACK accepts
-            await _read_prologue(connection)
-            return TcpResponseStream(connection, codec, slot, pump)
+            established: TcpResponseStream | None = None
+            with trio.move_on_after(deadlines.establish_timeout):  # TMO-003
+                connection = await registrations[0].wait()  # TRN-003: any other ACK accepts
+                await _read_prologue(connection)
+                established = TcpResponseStream(connection, codec, slot, pump)
+            if established is None:
+                raise establish_timed_out(deadlines.establish_timeout)
+            return DeadlineStream(established, deadlines)  # TMO-004, TMO-005
         except BaseException:
             slot.close()
             if pump is not None:
@@ -171,6 +209,20 @@ class TcpDispatch:
                 "request-id": request.request_id,
             }
         )
+
+
+@attrs.frozen
+class TcpDispatchWith:
+    """A ``TcpDispatch`` as one router with its own deadlines sends through it."""
+
+    dispatch: TcpDispatch
+    deadlines: Deadlines
+
+    def with_deadlines(self, deadlines: Deadlines) -> TcpDispatchWith:
+        return TcpDispatchWith(self.dispatch, deadlines)
+
+    async def generate(self, instance: Instance, request: Request) -> DeadlineStream:
+        return await self.dispatch.generate(instance, request, self.deadlines)
 
 
 def _body(request: Request, codec: PayloadCodec) -> bytes:

@@ -1,0 +1,485 @@
+"""Timeouts (TMO): every stage of a dispatch has a deadline with a finite default, and each
+expiry is a typed failure that inhibits the worker and lets migration move on.
+
+A worker goes silent at one stage: at the connect, after reading the request (no ACK), after
+the ACK (no dial-back), after the handshake (no prologue) — those need Dynamo's wire and
+``Silent`` scripts — or after its prologue or some items (``Stall``), which any transport
+has. The suite's clock then moves to just under the stage's deadline, where the request must
+still be open, and just past it. Deadlines are whole seconds and the margin a binary
+fraction, so the boundaries are exact on the mock clock.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+import pytest
+
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    requires,
+)
+from routespec.conformance.plugin import OpenTarget
+from routespec.conformance.scenario import finished, reached, shows_outer, tokens
+from routespec.testing.target import (
+    Adapter,
+    Capability,
+    Direct,
+    ErrorSpec,
+    FailBeforeStream,
+    Migrate,
+    Outcome,
+    Reject,
+    Serve,
+    Silent,
+    SilentStage,
+    Stall,
+    Target,
+    TargetConfig,
+    Timeouts,
+    Trickle,
+    WorkerScript,
+)
+
+# The defaults the spec states (spec/timeouts.md).
+CONNECT, ACK, ESTABLISH, FIRST_ITEM, INACTIVITY = 5.0, 5.0, 30.0, 600.0, 300.0
+EARLY = 0.125  # how long before its deadline a request must still be open
+TIMEOUT_TYPES = ("ConnectionTimeout", "ResponseTimeout")
+PROMPT, MAX_TOKENS = 4, 6
+EXPECTED = list(range(PROMPT, PROMPT + MAX_TOKENS))
+
+
+@attrs.frozen
+class Stage:
+    """A worker silent at one stage of a dispatch, and what the caller must see."""
+
+    name: str
+    script: WorkerScript
+    requirement: str
+    deadline: float  # the spec's default
+    field: str  # the ``Timeouts`` field that sets it
+    custom: float  # a value TMO-010 sets it to
+    error: str
+    pre_stream: bool
+    items: int  # data items the worker sent before its silence
+    capability: Capability
+
+    @property
+    def reaches_worker(self) -> bool:
+        """Whether the request's bytes reach the silent worker at all."""
+        return not (isinstance(self.script, Silent) and self.script.stage is SilentStage.CONNECT)
+
+    @property
+    def releasable(self) -> bool:
+        return self.reaches_worker
+
+    def param(self) -> object:
+        return pytest.param(self, marks=pytest.mark.requires(self.capability), id=self.name)
+
+
+WIRE = Capability.SCRIPT_SILENCE
+CONN, RESP = "ConnectionTimeout", "ResponseTimeout"
+STAGES = (
+    Stage("connect", Silent(SilentStage.CONNECT), "TMO-001", CONNECT, "connect", 1.5, CONN,
+          True, 0, WIRE),
+    Stage("ack", Silent(SilentStage.ACK), "TMO-002", ACK, "ack", 2.5, CONN, True, 0, WIRE),
+    Stage("dial-back", Silent(SilentStage.DIAL_BACK), "TMO-003", ESTABLISH, "establish", 4.0,
+          CONN, True, 0, WIRE),
+    Stage("handshake", Silent(SilentStage.HANDSHAKE), "TMO-003", ESTABLISH, "establish", 4.0,
+          CONN, True, 0, WIRE),
+    Stage("first-item", Stall(0, 1), "TMO-004", FIRST_ITEM, "first_item", 7.0, RESP, False, 0,
+          Capability.SCRIPT_STALL),
+    Stage("mid-stream", Stall(2, 1), "TMO-005", INACTIVITY, "inactivity", 3.0, RESP, False, 2,
+          Capability.SCRIPT_STALL),
+)  # fmt: skip
+STAGE_PARAMS = [stage.param() for stage in STAGES]
+RELEASABLE_PARAMS = [stage.param() for stage in STAGES if stage.releasable]
+
+
+def indices(outcome: Outcome) -> list[object]:
+    return [item.get("index") if isinstance(item, dict) else item for item in outcome.items]
+
+
+def silent_worker(target: Target, stage: Stage) -> int:
+    worker = target.add_worker()
+    target.script_worker(worker, stage.script)
+    return worker
+
+
+def still_open(target: Target, request: str, stage: Stage, deadline: float) -> None:
+    outcome = target.outcome(request)
+    require_compare(
+        stage.requirement,
+        outcome,
+        "is",
+        None,
+        f"a worker silent at the {stage.name} stage: the request ended {deadline - EARLY} s "
+        f"in, before its {deadline} s deadline",
+    )
+
+
+def timed_out(target: Target, request: str, stage: Stage, deadline: float) -> Outcome:
+    outcome = finished(target, request, stage.requirement)
+    where = "before any stream" if stage.pre_stream else f"as an error item after {stage.items}"
+    require(
+        stage.requirement,
+        outcome.error is not None
+        and outcome.error.pre_stream == stage.pre_stream
+        and shows_outer(outcome.error, stage.error)
+        and indices(outcome) == list(range(stage.items)),
+        f"a worker silent at the {stage.name} stage: {deadline} s on, the request should have "
+        f"ended with {stage.error} {where} items; got {outcome}",
+        expected=f"{stage.error} {where} items",
+        actual=outcome,
+    )
+    return outcome
+
+
+def inhibited(target: Target, adapter: Adapter, worker: int, stage: Stage) -> None:
+    if Capability.OBSERVE_WORKER_SETS not in adapter.capabilities:
+        return
+    routable = target.worker_sets().routable
+    require_compare(
+        "TMO-006",
+        worker,
+        "not in",
+        routable,
+        f"worker {worker} went silent at the {stage.name} stage and the deadline fired, yet it "
+        "is still routable: the timeout did not report it down",
+    )
+
+
+# --- TMO-001 … TMO-006: each stage, just under and just past its default ---
+
+
+@covers("TMO-001", "TMO-002", "TMO-003", "TMO-004", "TMO-005", "TMO-006", "TRN-015")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("stage", STAGE_PARAMS)
+def test_a_silent_stage_ends_at_its_deadline(
+    target: Target, adapter: Adapter, stage: Stage
+) -> None:
+    worker = silent_worker(target, stage)
+    request = target.submit(Direct(worker))
+    target.advance_time(stage.deadline - EARLY)
+    still_open(target, request, stage, stage.deadline)
+    target.advance_time(2 * EARLY)
+    timed_out(target, request, stage, stage.deadline)
+    inhibited(target, adapter, worker, stage)
+    if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
+        require_equal(
+            "TRN-015",
+            target.transport_inflight(),
+            0,
+            f"the request that timed out at the {stage.name} stage is still counted in flight",
+        )
+
+
+@covers("TMO-002")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK, Capability.SCRIPT_SILENCE)
+def test_the_ack_deadline_counts_from_the_latest_ack(target: Target) -> None:
+    """A busy worker ACKs late but keeps ACKing: each ACK on the connection restarts the
+    count for the requests behind it. Here the worker holds its first request 4.875 s, then
+    the second; the second, sent at 3 s, must last until 5 s after the first's ACK."""
+    worker = target.add_worker()
+    target.script_worker(worker, Silent(SilentStage.ACK))
+    first = target.submit(Direct(worker))
+    target.advance_time(3.0)
+    second = target.submit(Direct(worker))  # written behind the first, on the same connection
+    target.advance_time(ACK - EARLY - 3.0)
+    target.release_stalled(worker)  # the first is ACKed and served; the second is held
+    outcome = finished(target, first, "TMO-002")
+    require(
+        "TMO-002",
+        outcome.error is None and indices(outcome) == [0],
+        f"worker {worker} ACKed {first} {ACK - EARLY} s after it was sent and served it; "
+        f"got {outcome}",
+    )
+    acked_at = ACK - EARLY
+    target.advance_time(3.0 + ACK - acked_at + EARLY)  # past 5 s after the second was sent
+    require_compare(
+        "TMO-002",
+        target.outcome(second),
+        "is",
+        None,
+        f"{second} was sent at 3 s and an ACK came at {acked_at} s: it must wait until "
+        f"{acked_at + ACK} s, but ended at {3.0 + ACK + EARLY} s",
+    )
+    target.advance_time(acked_at + ACK - (3.0 + ACK + EARLY) - EARLY)
+    require_compare(
+        "TMO-002",
+        target.outcome(second),
+        "is",
+        None,
+        f"{second} ended before {acked_at + ACK} s, {ACK} s after the connection's latest ACK",
+    )
+    target.advance_time(2 * EARLY)
+    timed_out(target, second, STAGES[1], acked_at + ACK)
+
+
+@covers("TMO-005")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK, Capability.SCRIPT_TRICKLE)
+def test_inactivity_restarts_with_every_item(target: Target) -> None:
+    worker = target.add_worker()
+    interval = 0.75 * INACTIVITY
+    target.script_worker(worker, Trickle(items=4, interval=interval))
+    request = target.submit(Direct(worker))
+    for step in range(3):
+        require_compare(
+            "TMO-005",
+            target.outcome(request),
+            "is",
+            None,
+            f"a worker answering every {interval} s ended after {step} intervals",
+        )
+        target.advance_time(interval)
+    outcome = finished(target, request, "TMO-005")
+    require(
+        "TMO-005",
+        outcome.error is None and indices(outcome) == [0, 1, 2, 3],
+        f"items {interval} s apart ({3 * interval} s in all, more than the {INACTIVITY} s "
+        f"inactivity timeout) must all arrive and end cleanly; got {outcome}",
+        expected="items [0, 1, 2, 3], no error",
+        actual=outcome,
+    )
+
+
+# --- TMO-006, TMO-007: the timed-out attempt migrates ---
+
+
+@covers("TMO-006", "TMO-007")
+@requires(Capability.MIGRATION, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("stage", STAGE_PARAMS)
+def test_a_timed_out_attempt_migrates(target: Target, adapter: Adapter, stage: Stage) -> None:
+    silent = silent_worker(target, stage)
+    spare = target.add_worker()
+    target.script_worker(spare, Serve())
+    request = target.submit(Migrate(limit=1, prompt=PROMPT, max_tokens=MAX_TOKENS))
+    target.advance_time(stage.deadline - EARLY)
+    require(
+        "TMO-007",
+        target.outcome(request) is None and spare not in reached(target, request),
+        f"worker {silent} is silent at the {stage.name} stage: before the {stage.deadline} s "
+        f"deadline the request must wait for it; reached {reached(target, request)}, "
+        f"outcome {target.outcome(request)}",
+    )
+    target.advance_time(2 * EARLY)
+    outcome = finished(target, request, "TMO-007")
+    attempts = [silent, spare] if stage.reaches_worker else [spare]
+    require(
+        "TMO-007",
+        outcome.error is None
+        and tokens(outcome) == EXPECTED
+        and reached(target, request) == attempts,
+        f"worker {silent} went silent at the {stage.name} stage after {stage.items} tokens: the "
+        f"request should finish on {spare} with exactly the tokens {EXPECTED}; reached "
+        f"{reached(target, request)}, got {outcome}",
+        expected=f"tokens {EXPECTED} from attempts on {attempts}",
+        actual=f"tokens {tokens(outcome)}, error {outcome.error}, attempts "
+        f"{reached(target, request)}",
+    )
+    inhibited(target, adapter, silent, stage)
+
+
+# --- TMO-008 ---
+
+
+@covers("TMO-008")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("stage", RELEASABLE_PARAMS)
+def test_late_answers_are_discarded(target: Target, stage: Stage) -> None:
+    """After the deadline, the next request goes out while the worker is still silent (behind
+    the abandoned one on the same connection, for a worker silent at its ACK); then the worker
+    wakes and answers both, the abandoned request first."""
+    worker = silent_worker(target, stage)
+    abandoned = target.submit(Direct(worker))
+    target.advance_time(stage.deadline + EARLY)
+    before = timed_out(target, abandoned, stage, stage.deadline)
+    target.script_worker(worker, Serve(2))
+    waiting = target.submit(Direct(worker))
+    target.release_stalled(worker)  # the late ACK, dial-back, prologue or items now come
+    require_equal(
+        "TMO-008",
+        target.outcome(abandoned),
+        before,
+        f"worker {worker} answered {abandoned} after the {stage.name} deadline and the "
+        "caller saw it",
+    )
+    for request in (waiting, target.submit(Direct(worker))):
+        outcome = finished(target, request, "TMO-008")
+        require(
+            "TMO-008",
+            outcome.error is None
+            and indices(outcome) == [0, 1]
+            and all(isinstance(i, dict) and i.get("request") == request for i in outcome.items),
+            f"after a late answer to {abandoned}, request {request} to worker {worker} should "
+            f"get its own 2 items; got {outcome}",
+            expected=f"items 0, 1 of {request}",
+            actual=outcome,
+        )
+
+
+# --- TMO-009 ---
+
+
+@covers("TMO-009")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK)
+def test_no_request_waits_forever_by_default(target: Target, adapter: Adapter) -> None:
+    """On a target opened with the default config, a request to a worker silent at any stage
+    the adapter can stage ends with a typed timeout by that stage's stated default."""
+    stages = [stage for stage in STAGES if stage.capability in adapter.capabilities]
+    if not stages:
+        pytest.skip("the adapter can make no worker silent (worker:script-stall)")
+    requests: dict[str, str] = {}
+    for stage in stages:
+        requests[stage.name] = target.submit(Direct(silent_worker(target, stage)))
+    now = 0.0
+    for deadline in sorted({stage.deadline for stage in stages}):
+        target.advance_time(deadline + EARLY - now)
+        now = deadline + EARLY
+        for stage in stages:
+            if stage.deadline > deadline:
+                continue
+            outcome = target.outcome(requests[stage.name])
+            error = None if outcome is None else outcome.error
+            require(
+                "TMO-009",
+                error is not None and any(shows_outer(error, t) for t in TIMEOUT_TYPES),
+                f"a worker silent at the {stage.name} stage: {now} s on, past the stage's "
+                f"{stage.deadline} s default, the request should have ended with a typed "
+                f"timeout; got {outcome}",
+                expected=f"{stage.error} within {stage.deadline} s",
+                actual=outcome,
+            )
+
+
+# --- TMO-010 ---
+
+
+@covers("TMO-010")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK, Capability.CONFIGURE_TIMEOUTS)
+@pytest.mark.parametrize("stage", STAGE_PARAMS)
+def test_deadlines_are_set_per_router(open_target: OpenTarget, stage: Stage) -> None:
+    timeouts = Timeouts(**{stage.field: stage.custom})
+    with open_target(TargetConfig(timeouts=timeouts)) as target:
+        request = target.submit(Direct(silent_worker(target, stage)))
+        target.advance_time(stage.custom - EARLY)
+        require_compare(
+            "TMO-010",
+            target.outcome(request),
+            "is",
+            None,
+            f"{stage.field} set to {stage.custom} s: the request ended before that",
+        )
+        target.advance_time(2 * EARLY)
+        outcome = target.outcome(request)
+        require(
+            "TMO-010",
+            outcome is not None
+            and outcome.error is not None
+            and shows_outer(outcome.error, stage.error),
+            f"{stage.field} set to {stage.custom} s: a worker silent at the {stage.name} stage "
+            f"should have timed out {EARLY} s after it; got {outcome}",
+            expected=f"{stage.error} after {stage.custom} s",
+            actual=outcome,
+        )
+
+
+# --- TMO-011 ---
+
+
+def named_in_links(outcome: Outcome, marker: str, worker: int) -> bool:
+    """Some link after the first names ``worker`` (``worker 3``, ``instance_id=3``, in decimal
+    or hex) and carries ``marker``."""
+    assert outcome.error is not None
+    names = re.compile(rf"(?i)\b(worker|instance)\D{{0,12}}\b({worker}|0x{worker:x}|{worker:x})\b")
+    return any(
+        marker in message and names.search(message) is not None
+        for _, message in outcome.error.links[1:]
+    )
+
+
+@covers("TMO-011")
+@requires(
+    Capability.MIGRATION,
+    Capability.SCRIPT_FAILURES,
+    Capability.SCRIPT_REJECTION,
+    Capability.OBSERVE_ERROR_TYPES,
+)
+@pytest.mark.parametrize(
+    ("overloaded", "expected"),
+    [(False, "Unavailable"), (True, "ResourceExhausted")],
+    ids=["failed", "overloaded"],
+)
+def test_an_exhausted_migration_names_its_attempts_failures(
+    target: Target, overloaded: bool, expected: str
+) -> None:
+    markers = ("cause-alpha", "cause-beta", "cause-gamma")
+    scripts: list[tuple[WorkerScript, str]] = [
+        (Reject(overloaded=True, message=marker), marker) for marker in markers
+    ]
+    if not overloaded:
+        scripts = [
+            (FailBeforeStream(ErrorSpec("Disconnected", markers[0])), markers[0]),
+            (FailBeforeStream(ErrorSpec("Backend(EngineShutdown)", markers[1])), markers[1]),
+            (Reject(overloaded=False, message=markers[2]), markers[2]),
+        ]
+    workers = []
+    for script, _ in scripts:
+        worker = target.add_worker()
+        target.script_worker(worker, script)
+        workers.append(worker)
+    request = target.submit(Migrate(limit=10))
+    outcome = finished(target, request, "TMO-011")
+    require_equal(
+        "TMO-011",
+        outcome.error.typed_chain if outcome.error else None,
+        (expected,),
+        f"every worker failed the request; its error's typed chain must be {expected} alone "
+        "(MIG-012), the attempts' failures riding on untyped links",
+    )
+    missing = [
+        (worker, marker)
+        for worker, (_, marker) in zip(workers, scripts, strict=True)
+        if not named_in_links(outcome, marker, worker)
+    ]
+    require(
+        "TMO-011",
+        not missing,
+        f"the error that ended migration should name each failed worker and its failure; "
+        f"these are missing: {missing}",
+        expected="one link per failed worker naming it and its failure",
+        actual=outcome.error.describe() if outcome.error else outcome,
+    )
+
+
+@covers("TMO-011")
+@requires(
+    Capability.MIGRATION,
+    Capability.SCRIPT_FAILURES,
+    Capability.SCRIPT_SILENCE,
+    Capability.OBSERVE_ERROR_TYPES,
+    Capability.MOCK_CLOCK,
+)
+def test_an_exhausted_migration_names_a_timeout(target: Target) -> None:
+    failing, silent = target.add_worker(), target.add_worker()
+    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected", "cause-alpha")))
+    target.script_worker(silent, Silent(SilentStage.ACK))
+    request = target.submit(Migrate(limit=10))
+    target.advance_time(ACK + EARLY)
+    outcome = finished(target, request, "TMO-011")
+    require(
+        "TMO-011",
+        outcome.error is not None
+        and outcome.error.typed_chain == ("Unavailable",)
+        and named_in_links(outcome, "cause-alpha", failing)
+        and named_in_links(outcome, "ConnectionTimeout", silent),
+        f"worker {failing} failed and worker {silent} never ACKed: the error that ended "
+        f"migration should name both failures, the timeout included; got {outcome}",
+        expected=f"Unavailable, then links naming {failing} (Disconnected) and {silent} "
+        "(ConnectionTimeout)",
+        actual=outcome.error.describe() if outcome.error else outcome,
+    )
