@@ -4,7 +4,8 @@ workers, over Dynamo's own wire.
 The client (its Rust PushRouter and AddressedPushRouter, through the Python bindings) runs in
 a subprocess; the workers are reference ``DrillWorkerServer``s on 127.0.0.1, registered in a
 temporary file-discovery directory, so they can misbehave on the wire in ways a Python
-handler cannot (rejection ACKs, prologue errors, broken frames, stalls, deaths).
+handler cannot (rejection ACKs, typed prologue errors, error items with a cause chain or a
+type Python has no class for, broken frames).
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
 """Adapter ``dynamo``: the real Dynamo 1.6.1 runtime through its Python bindings only.
 
 Workers are real Dynamo endpoints in separate processes (``worker_process``: a Python
-handler that follows the suite's serve and stall scripts); the caller is a real Dynamo
-client (``client_driver``). Discovery is the file store in a temporary directory, every
-socket on 127.0.0.1. What the bindings let the suite do is small, and the capabilities say
-exactly that: no failure scripts (a Python handler cannot pick the error types the suite
-needs), no time control, no view of worker sets or occupancy, and errors as normalised
-classes only.
+handler that follows the suite's serve, stall and failure scripts); the caller is a real
+Dynamo client (``client_driver``). Discovery is the file store in a temporary directory, every
+socket on 127.0.0.1.
+
+A worker's number in the suite is its Dynamo instance id, so the suite's order of workers is
+the order Dynamo's round-robin cycles through (the sorted instance ids). Failure scripts are
+played by raising the runtime's typed exceptions, as far as a Python handler can express them
+(``rendering``). Not reachable through the bindings: time control, worker sets and occupancy,
+the caller's inflight count, overload marks and report-down, and the error chain itself
+(errors are normalised classes only).
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from pathlib import Path
 
 from routespec.adapters.dynamo.client_target import DynamoClientTarget, DynamoRuntimeAdapter
 from routespec.adapters.dynamo.driver import WAIT_LIMIT, dynamo_environment
+from routespec.adapters.dynamo.rendering import render
 from routespec.testing.target import (
     Capability,
     Delivery,
+    FailBeforeStream,
+    FailMidStream,
     Serve,
     Stall,
     WorkerScript,
@@ -36,18 +43,11 @@ ENDPOINT = "routespec.conformance.generate"
 class WorkerProcess:
     """One ``routespec.adapters.dynamo.worker_process`` and what it reports."""
 
-    def __init__(self, target: DynamoTarget, worker_id: int, store: Path) -> None:
-        self.worker_id = worker_id
+    def __init__(self, target: DynamoTarget, number: int, store: Path) -> None:
         self._target = target
-        self._log = (store / f"worker-{worker_id}.log").open("w")
+        self._log = (store / f"worker-{number}.log").open("w")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "routespec.adapters.dynamo.worker_process",
-                ENDPOINT,
-                str(worker_id),
-            ],
+            [sys.executable, "-m", "routespec.adapters.dynamo.worker_process", ENDPOINT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -56,7 +56,15 @@ class WorkerProcess:
         )
         self.instance_id: int | None = None
         self.script: WorkerScript = Serve()
-        threading.Thread(target=self._read, name=f"dynamo-worker-{worker_id}", daemon=True).start()
+        self.scripts_sent = 0
+        self.scripts_applied = 0
+        threading.Thread(target=self._read, name=f"dynamo-worker-{number}", daemon=True).start()
+
+    @property
+    def worker_id(self) -> int:
+        """The suite's number for this worker: its instance id."""
+        assert self.instance_id is not None
+        return self.instance_id
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -66,6 +74,8 @@ class WorkerProcess:
             with changed:
                 if message["op"] == "ready":
                     self.instance_id = int(message["instance_id"])
+                elif message["op"] == "scripted":
+                    self.scripts_applied = int(message["seq"])
                 elif message["op"] == "delivered":
                     self._target.log.append(Delivery(str(message["rid"]), self.worker_id))
                 elif message["op"] == "stalled":
@@ -98,6 +108,7 @@ class DynamoTarget(DynamoClientTarget):
         self._store = store
         self.log: list[Delivery] = []
         self._workers: dict[int, WorkerProcess] = {}
+        self._started = 0
 
     def close(self) -> None:
         try:
@@ -107,18 +118,23 @@ class DynamoTarget(DynamoClientTarget):
             self.driver.close()
 
     def add_worker(self, *, device: str = "cuda") -> int:
-        worker = WorkerProcess(self, len(self._workers) + 1, self._store)
-        self._workers[worker.worker_id] = worker
+        self._started += 1
+        worker = WorkerProcess(self, self._started, self._store)
         if not self.driver.wait_for(lambda: worker.instance_id is not None, "a worker to start"):
-            raise TimeoutError(f"Dynamo worker {worker.worker_id} did not start")
-        assert worker.instance_id is not None
-        self.driver.await_instances({worker.instance_id})
+            worker.close()
+            raise TimeoutError(f"Dynamo worker process {self._started} did not start")
+        self._workers[worker.worker_id] = worker
+        self.driver.await_instances({worker.worker_id})
         return worker.worker_id
 
+    def add_worker_process(self, script: WorkerScript) -> int:
+        worker_id = self.add_worker()  # every worker is an OS process of its own
+        self.script_worker(worker_id, script)
+        return worker_id
+
     def remove_worker(self, worker_id: int) -> None:
-        worker = self._workers[worker_id]
-        worker.send({"op": "remove"})
-        self.driver.await_instances(set(), {self.instance_id(worker_id)})
+        self._workers[worker_id].send({"op": "remove"})
+        self.driver.await_instances(set(), {worker_id})
 
     def kill_worker(self, worker_id: int) -> None:
         self._workers[worker_id].kill()
@@ -126,15 +142,32 @@ class DynamoTarget(DynamoClientTarget):
         self.settle()
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
+        encoded: dict[str, object]
         if isinstance(script, Serve):
-            encoded: dict[str, object] = {"kind": "serve", "items": script.items}
+            encoded = {"kind": "serve", "items": script.items}
         elif isinstance(script, Stall):
             encoded = {"kind": "stall", "items": script.items, "items_after": script.items_after}
+        elif isinstance(script, FailBeforeStream | FailMidStream):
+            raised = render(script)  # or SKIP: a script no Python handler can play
+            encoded = {"raise": raised.name, "message": raised.message}
+            if isinstance(script, FailBeforeStream):
+                encoded["kind"] = "fail_before"
+            else:
+                encoded.update(kind="fail_mid", items=script.items)
         else:
-            raise NotImplementedError(f"{script}: {Capability.SCRIPT_FAILURES.value}")
+            raise NotImplementedError(f"{script}: a Python handler cannot play it")
         worker = self._workers[worker_id]
         worker.script = script
-        worker.send({"op": "script", "script": encoded})
+        worker.scripts_sent += 1
+        sent = worker.scripts_sent
+        worker.send({"op": "script", "seq": sent, "script": encoded})
+        # The next request may reach the worker before it reads its stdin: wait until it has.
+        applied = self.driver.wait_for(
+            lambda: worker.scripts_applied >= sent or worker.process.poll() is not None,
+            "the script",
+        )
+        if not applied:
+            raise TimeoutError(f"Dynamo worker {worker_id} did not take its script")
 
     def release_stalled(self, worker_id: int) -> None:
         self._workers[worker_id].send({"op": "release"})
@@ -145,23 +178,21 @@ class DynamoTarget(DynamoClientTarget):
         return tuple(self.log)
 
     def instance_id(self, worker_id: int) -> int:
-        worker = self._workers.get(worker_id)
-        if worker is None or worker.instance_id is None:
-            return worker_id  # an unknown id passes as is
-        return worker.instance_id
+        return worker_id  # the suite numbers workers by their instance ids
 
     def worker_bytes(self, worker_id: int) -> int:
         raise NotImplementedError(Capability.OBSERVE_WORKER_BYTES.value)
 
 
-# Not ROUND_ROBIN: round-robin order follows instance ids, which the runtime draws at random
-# and the bindings do not let the suite choose, so the suite cannot predict the order.
 CAPABILITIES = frozenset(
     {
+        Capability.ROUND_ROBIN,
         Capability.RANDOM,
         Capability.DIRECT,
         Capability.REMOVE_WORKER,
         Capability.KILL_WORKER,
+        Capability.KILL_WORKER_PROCESS,
+        Capability.SCRIPT_FAILURES,
         Capability.SCRIPT_STALL,
     }
 )

@@ -73,8 +73,7 @@ class DynamoClientTarget:
             f"{request_id} to settle",
             SETTLE_LIMIT,
         )
-        ended = self.driver.outcomes.get(request_id, {})
-        if ended.get("items") or (ended.get("error") and not ended.get("pre_stream")):
+        if worker_answered(self.driver.outcomes.get(request_id, {})):
             # A worker answered: its report of the delivery may still be on its way.
             self.driver.wait_for(
                 lambda: any(d.request_id == request_id for d in self.deliveries()),
@@ -172,6 +171,19 @@ class DynamoClientTarget:
 
     def bounded_message(self, message: str) -> str:
         raise NotImplementedError(Capability.ERROR_MODEL.value)
+
+
+PROLOGUE_FAILURE = "Worker generate() failed before response stream"
+"""The transport's text for a worker that failed before its stream: the request reached it."""
+
+
+def worker_answered(ended: Mapping[str, object]) -> bool:
+    """The outcome shows that a worker received the request: items, an error item, or the
+    failure a worker's prologue carried."""
+    error = ended.get("error")
+    if ended.get("items") or (error and not ended.get("pre_stream")):
+        return True
+    return isinstance(error, dict) and PROLOGUE_FAILURE in str(error.get("text", ""))
 
 
 def with_request_ids(items: tuple[object, ...], ids: Mapping[object, str]) -> tuple[object, ...]:

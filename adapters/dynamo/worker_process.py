@@ -1,11 +1,21 @@
 """A real Dynamo 1.6.1 worker whose Python handler follows the suite's worker scripts.
 
-``python -m routespec.adapters.dynamo.worker_process ns.comp.endpoint WORKER_ID`` serves the
-endpoint
-with ``serve_endpoint`` and speaks JSON lines: it prints ``{"op": "ready", "instance_id": N}``,
-then ``{"op": "delivered", "rid": ID}`` for every request and ``{"op": "stalled", "rid": ID}``
-when a stall script waits; it reads ``{"op": "script", "script": {...}}`` (``serve`` or
-``stall``), ``{"op": "release"}`` and ``{"op": "remove"}``.
+``python -m routespec.adapters.dynamo.worker_process ns.comp.endpoint`` serves the endpoint
+with ``serve_endpoint`` and speaks JSON lines; its items name it by its instance id. It
+prints ``{"op": "ready", "instance_id": N}``, then ``{"op": "delivered", "rid": ID}`` for
+every request and ``{"op": "stalled", "rid": ID}`` when a stall script waits. It reads
+``{"op": "script", "seq": N, "script": {...}}`` (and answers ``{"op": "scripted", "seq":
+N}`` once the script applies), ``{"op": "release"}`` and ``{"op": "remove"}``.
+
+Scripts: ``serve`` (``items``), ``stall`` (``items``, ``items_after``), ``fail_before`` and
+``fail_mid`` (``items``), the last two with ``raise`` (a class of ``dynamo._core`` in
+``RAISABLE``, or null for a plain ``Exception``) and ``message``.
+
+The handler is a plain callable returning an async generator, as ``serve_endpoint`` allows:
+an exception raised by the call itself is a failure before the response stream (Dynamo sends
+it in the stream's prologue), one raised by the generator is an error item after the items
+already yielded. The runtime calls the handler on a thread of its own and runs the generator
+on the event loop.
 """
 
 from __future__ import annotations
@@ -13,13 +23,45 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator
 
+import dynamo._core as core
 from dynamo.runtime import DistributedRuntime
+
+RAISABLE = frozenset(
+    {
+        "EngineShutdown",
+        "StreamIncomplete",
+        "Disconnected",
+        "CannotConnect",
+        "ConnectionTimeout",
+        "Cancelled",
+        "Unknown",
+        "InvalidArgument",
+        "WorkerUnavailable",
+    }
+)
+"""The typed exceptions ``dynamo._core`` offers a handler (1.6.1)."""
+
+_OUTPUT = threading.Lock()
 
 
 def emit(message: dict[str, object]) -> None:
-    print(json.dumps(message), flush=True)
+    line = json.dumps(message) + "\n"
+    with _OUTPUT:  # the handler's thread and the event loop both report
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def failure(script: dict[str, object]) -> Exception:
+    name, message = script.get("raise"), str(script.get("message", ""))
+    if name is None:
+        return Exception(message)
+    if name not in RAISABLE:
+        raise ValueError(f"not a raisable dynamo exception: {name!r}")
+    error: Exception = getattr(core, str(name))(message)
+    return error
 
 
 class ScriptedHandler:
@@ -28,13 +70,21 @@ class ScriptedHandler:
         self.script: dict[str, object] = {"kind": "serve", "items": 1}
         self.release = asyncio.Event()
 
-    async def generate(self, request: object, context: object) -> AsyncIterator[object]:
+    def generate(self, request: object, context: object) -> AsyncIterator[object]:
         rid = request.get("rid") if isinstance(request, dict) else None
+        script = self.script  # the script this request was delivered under
         emit({"op": "delivered", "rid": rid})
-        script, release = self.script, self.release
+        if script.get("kind") == "fail_before":
+            raise failure(script)
+        return self._items(rid, script)
+
+    async def _items(self, rid: object, script: dict[str, object]) -> AsyncIterator[object]:
+        release = self.release
         items = int(str(script.get("items", 0)))
         for index in range(items):
             yield {"worker": self.worker_id, "request": rid, "index": index}
+        if script.get("kind") == "fail_mid":
+            raise failure(script)
         if script.get("kind") == "stall":
             emit({"op": "stalled", "rid": rid})
             await release.wait()
@@ -42,21 +92,23 @@ class ScriptedHandler:
                 yield {"worker": self.worker_id, "request": rid, "index": index}
 
 
-async def main(endpoint_path: str, worker_id: int) -> None:
+async def main(endpoint_path: str) -> None:
     runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
     endpoint = runtime.endpoint(endpoint_path)
-    handler = ScriptedHandler(worker_id)
+    instance_id = int(endpoint.connection_id())
+    handler = ScriptedHandler(instance_id)
     serving = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate))
     reader = asyncio.StreamReader()
     await asyncio.get_running_loop().connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
     )
     await asyncio.sleep(0)
-    emit({"op": "ready", "instance_id": int(endpoint.connection_id())})
+    emit({"op": "ready", "instance_id": instance_id})
     while line := await reader.readline():
         command = json.loads(line)
         if command["op"] == "script":
             handler.script = command["script"]
+            emit({"op": "scripted", "seq": command["seq"]})
         elif command["op"] == "release":
             handler.release.set()
             handler.release = asyncio.Event()
@@ -68,4 +120,4 @@ async def main(endpoint_path: str, worker_id: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(main(sys.argv[1]))
