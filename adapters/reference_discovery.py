@@ -49,7 +49,7 @@ from routespec.discovery.file_store import (
     write_atomic,
 )
 from routespec.discovery.instances import Discovery, Instance
-from routespec.discovery.store import DiscoveryError, Registration
+from routespec.discovery.store import DiscoveryError, Registration, SkippedRecord
 from routespec.discovery.url import open_store
 from routespec.testing.portal import TrioPortal
 from routespec.testing.target import DiscoveryTiming, ListedInstance, StoredRecord
@@ -72,12 +72,18 @@ class WorkerProcess:
 class Watcher:
     discovery: Discovery | None = None
     log: list[tuple[str, int]] = attrs.field(factory=list)
+    skips: list[tuple[str, str]] = attrs.field(factory=list)  # (key, field), as reported
 
     def added(self, instance_id: int) -> None:
         self.log.append(("added", instance_id))
 
     def removed(self, instance_id: int) -> None:
         self.log.append(("removed", instance_id))
+
+    def skipped(self, skipped: SkippedRecord) -> None:
+        """The file store names a skipped record by its file; the suite, by its key."""
+        key = f"{INSTANCES_BUCKET}/{urllib.parse.unquote(Path(skipped.record).name)}"
+        self.skips.append((key, skipped.field))
 
 
 class ReferenceDiscovery:
@@ -190,7 +196,8 @@ class ReferenceDiscovery:
     async def _follow(
         self, endpoint: str, watcher: Watcher, *, task_status: trio.TaskStatus[None]
     ) -> None:
-        async with self._store.watch(endpoint, watcher.added, watcher.removed) as discovery:
+        store = attrs.evolve(self._store, on_skipped=watcher.skipped)  # this watcher's reports
+        async with store.watch(endpoint, watcher.added, watcher.removed) as discovery:
             watcher.discovery = discovery
             task_status.started()
             await trio.sleep_forever()
@@ -207,6 +214,9 @@ class ReferenceDiscovery:
 
     def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
         return tuple(self._watchers[watcher].log)
+
+    def skipped(self, watcher: int) -> tuple[tuple[str, str], ...]:
+        return tuple(self._watchers[watcher].skips)
 
     # the store itself
 

@@ -471,3 +471,162 @@ def test_a_watchers_reports_agree_with_its_list(target: Target) -> None:
         {workers[2], workers[3]},
         f"the first watcher ends with {sorted(ids(store, first))}; expected {workers[2:]}",
     )
+
+
+# --- DSC-013, DSC-014: records that parse but cannot be used; how skips are reported ---
+
+UNUSABLE: dict[str, tuple[bytes, str]] = {
+    "unknown-codec": (_record(request_plane_codec="cbor"), "request_plane_codec"),
+    "another-transport-kind": (
+        _record(transport={"grpc": f"127.0.0.1:1/bad/{ENDPOINT}"}),
+        "transport",
+    ),
+    "no-port": (_record(transport={"tcp": f"127.0.0.1/bad/{ENDPOINT}"}), "transport.tcp"),
+    "empty-port": (_record(transport={"tcp": f"127.0.0.1:/bad/{ENDPOINT}"}), "transport.tcp"),
+    "port-a-name": (_record(transport={"tcp": f"127.0.0.1:http/bad/{ENDPOINT}"}), "transport.tcp"),
+    "port-signed": (_record(transport={"tcp": f"127.0.0.1:+80/bad/{ENDPOINT}"}), "transport.tcp"),
+    "port-zero": (_record(transport={"tcp": f"127.0.0.1:0/bad/{ENDPOINT}"}), "transport.tcp"),
+    "port-out-of-range": (
+        _record(transport={"tcp": f"127.0.0.1:65536/bad/{ENDPOINT}"}),
+        "transport.tcp",
+    ),
+    "no-host": (_record(transport={"tcp": f":80/bad/{ENDPOINT}"}), "transport.tcp"),
+    "host-not-a-name": (
+        _record(transport={"tcp": f"no such host:80/bad/{ENDPOINT}"}),
+        "transport.tcp",
+    ),
+    "address-not-printable": (
+        _record(transport={"tcp": f"127.0.0.1:1/bad/{ENDPOINT}\n"}),
+        "transport.tcp",
+    ),
+    "name-not-utf-8": (_record(namespace="\ud800"), "namespace"),
+    "id-over-a-u64": (_record(instance_id=2**64), "instance_id"),
+    "device-type-not-a-name": (_record(device_type="gp u"), "device_type"),
+    "device-type-empty": (_record(device_type=""), "device_type"),
+    "id-unlike-its-key": (_record(instance_id=0xBAE), "instance_id"),
+    "endpoint-unlike-its-key": (_record(endpoint="other"), "endpoint"),
+    "too-large": (_record(padding="x" * 70_000), "record"),
+}
+MALFORMED_FIELDS = {
+    "empty": "record",
+    "not-json": "record",
+    "not-utf-8": "record",
+    "too-deep": "record",
+    "an-array": "record",
+    "another-type": "type",
+    "no-type": "type",
+    "empty-name": "namespace",
+    "slash-in-a-name": "component",
+    "a-name-not-a-string": "endpoint",
+    "id-a-string": "instance_id",
+    "id-negative": "instance_id",
+    "id-a-boolean": "instance_id",
+    "no-tcp-transport": "transport",
+    "tcp-without-a-path": "transport.tcp",
+    "transport-a-string": "transport",
+    "device-type-not-a-string": "device_type",
+    "codec-not-a-string": "request_plane_codec",
+}
+BAD_KEY = f"v1/instances/{ENDPOINT}/bad"
+
+
+@covers("DSC-013")
+@requires(STORE)
+@pytest.mark.parametrize("name", list(UNUSABLE))
+def test_records_that_cannot_be_used_are_skipped(target: Target, name: str) -> None:
+    value, _field = UNUSABLE[name]
+    store = target.open_discovery()
+    early = store.watch(ENDPOINT)
+    worker = store.register(ENDPOINT)
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))
+    store.put_raw(ENDPOINT, 0xBAD, value)
+    store.advance(store.timing().propagation)
+    late = store.watch(ENDPOINT)
+    for watcher in (early, late):
+        require_equal(
+            "DSC-013",
+            ids(store, watcher),
+            {worker, 0x600D},
+            f"watcher {watcher} lists {sorted(map(hex, ids(store, watcher)))}; expected "
+            f"{worker:#x} and 0x600d, and not 0xbad, whose record is unusable ({name})",
+        )
+
+
+@covers("DSC-013")
+@requires(STORE)
+def test_a_record_overwritten_with_an_unusable_one_is_removed(target: Target) -> None:
+    store = target.open_discovery()
+    delay = store.timing().propagation
+    watcher = store.watch(ENDPOINT)
+    store.put_raw(ENDPOINT, 0xBAD, _record())
+    store.advance(delay)
+    require_equal(
+        "DSC-013", ids(store, watcher), {0xBAD}, "the usable record of 0xbad is not listed"
+    )
+    store.put_raw(ENDPOINT, 0xBAD, _record(request_plane_codec="cbor"))
+    store.advance(delay)
+    require_equal(
+        "DSC-013",
+        (ids(store, watcher), store.events(watcher)),
+        (set(), (("added", 0xBAD), ("removed", 0xBAD))),
+        f"after 0xbad's record became unusable the watcher lists "
+        f"{sorted(map(hex, ids(store, watcher)))} and reported {store.events(watcher)}",
+    )
+
+
+@covers("DSC-014")
+@requires(STORE)
+@pytest.mark.parametrize("name", [*MALFORMED, *UNUSABLE])
+def test_a_skipped_record_is_reported_once_naming_it_and_the_field(
+    target: Target, name: str
+) -> None:
+    if name in MALFORMED:
+        value, field = MALFORMED[name], MALFORMED_FIELDS[name]
+    else:
+        value, field = UNUSABLE[name]
+    store = target.open_discovery()
+    delay = store.timing().propagation
+    early = store.watch(ENDPOINT)
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))
+    store.put_raw(ENDPOINT, 0xBAD, value)
+    store.advance(delay)
+    late = store.watch(ENDPOINT)
+    store.advance(3 * delay)  # the store is read again, and the record with it
+    for watcher in (early, late):
+        require_equal(
+            "DSC-014",
+            store.skipped(watcher),
+            ((BAD_KEY, field),),
+            f"watcher {watcher} reported {store.skipped(watcher)} for the {name} record at "
+            f"{BAD_KEY}; expected one report naming the field {field!r}",
+        )
+
+
+@covers("DSC-014")
+@requires(STORE)
+def test_a_skipped_record_is_reported_again_only_when_its_fault_changes(
+    target: Target,
+) -> None:
+    store = target.open_discovery()
+    delay = store.timing().propagation
+    watcher = store.watch(ENDPOINT)
+    steps = [
+        ("an unknown codec", _record(request_plane_codec="cbor")),
+        ("the same fault, other bytes", _record(request_plane_codec="cbor", padding="x")),
+        ("another fault", _record(device_type="gp u")),
+        ("a usable record", _record()),
+    ]
+    for _step, value in steps:
+        store.put_raw(ENDPOINT, 0xBAD, value)
+        store.advance(2 * delay)
+    expected = ((BAD_KEY, "request_plane_codec"), (BAD_KEY, "device_type"))
+    require_equal(
+        "DSC-014",
+        store.skipped(watcher),
+        expected,
+        f"after {', then '.join(step for step, _ in steps)} under {BAD_KEY}, the watcher "
+        f"reported {store.skipped(watcher)}",
+    )
+    require_equal(
+        "DSC-014", ids(store, watcher), {0xBAD}, "the record, usable again, is not listed"
+    )

@@ -479,3 +479,116 @@ def test_the_core_commands_run_without_the_extras(
         "--report", str(tmp_path / "report.json"), cwd=empty, timeout=300,
     )  # fmt: skip
     assert code == 0, output
+
+
+# --- start-up failures: one line naming the argument or resource, exit 2 (issue 14) ---
+
+LONG_LABEL = "a" * 64 + ".example"  # IDNA refuses a label over 63 characters
+SYNTAX_ERROR = "async def tokens(request):\n    yield (\n"
+RAISES_ON_IMPORT = "raise RuntimeError('the module fails as it is imported')\n"
+DEMO = "routespec.deploy.demo:tokens"
+
+
+def _startup_cases() -> list[tuple[list[str], str]]:
+    """(argv after the command's name, the option the one line must name); ``{kv}`` is a
+    usable store, ``{file}`` a regular file."""
+    cases: list[tuple[list[str], str]] = []
+    for command, extra in (("router", []), ("call", ["{}"]), ("instances", [])):
+        base = [command, "--endpoint", "a.b.c"]
+        cases += [
+            ([*base, "--discovery", "file:{file}/kv", *extra], "--discovery"),
+            ([*base, "--discovery", "{kv}", "--ttl", "inf", *extra], "--ttl"),
+        ]
+        if command != "instances":
+            cases.append(([*base, "--discovery", "{kv}", "--host", LONG_LABEL, *extra], "--host"))
+    worker = ["worker", "--endpoint", "a.b.c", "--discovery", "{kv}", "--handler"]
+    cases += [
+        ([*worker, "broken_syntax:tokens"], "--handler"),
+        ([*worker, "raises_on_import:tokens"], "--handler"),
+        ([*worker, ".relative:tokens"], "--handler"),
+        ([*worker, DEMO, "--device-type", "gp u"], "--device-type"),
+        (["worker", "--endpoint", "a.b.c", "--discovery", "file:{file}/kv", "--handler", DEMO],
+         "--discovery"),
+    ]  # fmt: skip
+    return cases
+
+
+def _startup_argv(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Modules that fail to import in the working directory, a file where a store's
+    directory should be, and ``argv`` with ``{kv}`` and ``{file}`` filled in."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the worker adds the working directory
+    (tmp_path / "broken_syntax.py").write_text(SYNTAX_ERROR, encoding="utf-8")
+    (tmp_path / "raises_on_import.py").write_text(RAISES_ON_IMPORT, encoding="utf-8")
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    filled = {"{kv}": f"file:{tmp_path / 'kv'}", "{file}": str(tmp_path / "a-file")}
+    return [
+        arg.replace("{file}", filled["{file}"]) if "{file}" in arg else filled.get(arg, arg)
+        for arg in argv
+    ]
+
+
+@pytest.mark.parametrize(("argv", "option"), _startup_cases())
+def test_a_startup_failure_is_one_line_naming_its_argument(
+    argv: list[str],
+    option: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A host the response plane cannot bind, a store under a file or with a ttl of inf, a
+    handler module that does not compile, raises or is relative, a device type no watcher
+    would accept: exit 2 and one line ``routespec: error: <option>: ...``, no traceback."""
+    assert main(_startup_argv(argv, tmp_path, monkeypatch)) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"routespec: error: {option}: "), lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["router", "--endpoint", "a.b.c", "--discovery", "{kv}", "--metrics-port", "0",
+         "--metrics-host", LONG_LABEL],
+        ["worker", "--endpoint", "a.b.c", "--discovery", "{kv}", "--handler", DEMO,
+         "--host", LONG_LABEL],
+    ],
+    ids=["router-metrics-host", "worker-host"],
+)  # fmt: skip
+def test_a_host_name_that_cannot_be_encoded_is_one_line(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(_startup_argv(argv, tmp_path, monkeypatch)) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"routespec: error: {argv[-2]}: "), line
+
+
+def test_an_internal_error_is_a_line_a_traceback_and_exit_70(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exception no command expects (here ``instances`` fails inside) is reported as
+    ``routespec: internal error: <type>: <message>`` first, then its traceback."""
+    from routespec.deploy.cli import instances
+
+    def broken(*_: object) -> object:
+        raise ZeroDivisionError("injected")
+
+    monkeypatch.setattr(instances, "open_store", broken)
+    assert main(["instances", "--endpoint", "a.b.c"]) == 70
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "routespec: internal error: ZeroDivisionError: injected", lines
+    assert "Traceback (most recent call last):" in lines[1], lines
+
+
+def test_a_router_metrics_port_in_use_is_one_line(
+    taken_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["router", "--endpoint", "a.b.c", "--discovery", f"file:{tmp_path / 'kv'}"]
+    assert main([*argv, "--metrics-port", str(taken_port)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"routespec: error: --metrics-port: cannot listen on 127.0.0.1:{taken_port}"
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
@@ -23,15 +23,25 @@ import trio
 
 from routespec.discovery.file_store import (
     DEFAULT_TTL,
+    HEX_ID,
     INSTANCES_BUCKET,
     MalformedRecord,
-    decode_record,
+    check_registrable,
     encode_record,
     instance_key,
+    record_under_key,
     split_endpoint,
 )
 from routespec.discovery.instances import Instance, MemoryDiscovery
-from routespec.discovery.store import FIELD, DiscoveryError, IdCallback
+from routespec.discovery.store import (
+    FIELD,
+    DiscoveryError,
+    IdCallback,
+    SkipCallback,
+    SkippedRecord,
+    SkippedRecords,
+    log_skipped,
+)
 
 REQUEST_TIMEOUT = 5.0
 RECONNECT_DELAY = 0.5  # seconds between attempts while etcd is unreachable
@@ -159,10 +169,8 @@ def _decode_key(kv: Json) -> str:
 
 
 def _instance_id_of(key: str) -> int | None:
-    try:
-        return int(key.rpartition("/")[2], 16)
-    except ValueError:
-        return None
+    tail = key.rpartition("/")[2]
+    return int(tail, 16) if HEX_ID.fullmatch(tail) else None
 
 
 @attrs.define
@@ -210,6 +218,7 @@ class EtcdStore:
 
     url: str
     ttl: float = DEFAULT_TTL
+    on_skipped: SkipCallback = attrs.field(default=log_skipped, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         parse_url(self.url)
@@ -220,6 +229,7 @@ class EtcdStore:
 
     @asynccontextmanager
     async def registration(self, instance: Instance) -> AsyncIterator[EtcdRegistration]:
+        check_registrable(instance)
         async with EtcdClient.open(self.url) as client, trio.open_nursery() as nursery:
             registration = EtcdRegistration(client, instance, self.ttl)
             await registration.register()
@@ -244,7 +254,9 @@ class EtcdStore:
         on_removed: IdCallback | None = None,
     ) -> AsyncIterator[MemoryDiscovery]:
         async with EtcdClient.open(self.url) as client, trio.open_nursery() as nursery:
-            watcher = EtcdWatcher(client, endpoint_prefix(endpoint), on_added, on_removed)
+            watcher = EtcdWatcher(
+                client, endpoint, on_added, on_removed, SkippedRecords(self.on_skipped)
+            )
             revision = await watcher.resync()
             nursery.start_soon(watcher.follow, revision)
             try:
@@ -255,19 +267,33 @@ class EtcdStore:
 
 @attrs.define
 class EtcdWatcher:
-    """Keeps a ``MemoryDiscovery`` equal to the keys under one endpoint's prefix (DSC-002),
-    and reports each change to it (DSC-001, DSC-012)."""
+    """Keeps a ``MemoryDiscovery`` equal to the usable records under one endpoint's prefix
+    (DSC-002, DSC-013), and reports each change to it (DSC-001, DSC-012) and each unusable
+    record once to ``skipped`` (DSC-014)."""
 
     client: EtcdClient
-    prefix: str
+    endpoint: str
     on_added: IdCallback | None
     on_removed: IdCallback | None
+    skipped: SkippedRecords = attrs.field(factory=SkippedRecords)
     discovery: MemoryDiscovery = attrs.field(factory=MemoryDiscovery)
+
+    @property
+    def prefix(self) -> str:
+        return endpoint_prefix(self.endpoint)
 
     async def resync(self) -> int:
         """Replace the snapshot with a fresh range read (DSC-003); returns its revision."""
         revision, kvs = await self.client.range_prefix(self.prefix)
-        fresh = {instance.instance_id: instance for instance in _records(kvs)}
+        fresh: dict[int, Instance] = {}
+        unusable: list[str] = []
+        for key, value in kvs:
+            instance = self._instance(key, value)
+            if instance is None:
+                unusable.append(key)
+            else:
+                fresh[instance.instance_id] = instance
+        self.skipped.keep(unusable)
         for instance_id in self.discovery.instance_ids():
             if instance_id not in fresh:
                 self._remove(instance_id)
@@ -290,15 +316,29 @@ class EtcdWatcher:
     def _apply(self, events: list[Json]) -> None:
         for event in events:
             kv = event.get("kv", {})
+            key = _decode_key(kv)
             if event.get("type") == "DELETE":
-                instance_id = _instance_id_of(_decode_key(kv))
+                self.skipped.forget(key)
+                instance_id = _instance_id_of(key)
                 if instance_id is not None:
                     self._remove(instance_id)
-            else:
-                for instance in _records(
-                    [(_decode_key(kv), base64.b64decode(kv.get("value", "")))]
-                ):
-                    self._add(instance)
+                continue
+            instance = self._instance(key, base64.b64decode(kv.get("value", "")))
+            if instance is not None:
+                self._add(instance)
+            elif (instance_id := _instance_id_of(key)) is not None:
+                self._remove(instance_id)  # its record was overwritten with an unusable one
+
+    def _instance(self, key: str, value: bytes) -> Instance | None:
+        """The instance a usable record describes; an unusable one is reported and skipped
+        (DSC-008, DSC-013, DSC-014)."""
+        try:
+            instance = record_under_key(value, self.endpoint, key.removeprefix(self.prefix))
+        except MalformedRecord as error:
+            self.skipped.skip(SkippedRecord(key, error.field, error.reason))
+            return None
+        self.skipped.forget(key)
+        return instance
 
     def _add(self, instance: Instance) -> None:
         known = self.discovery.lookup(instance.instance_id) is not None
@@ -312,12 +352,3 @@ class EtcdWatcher:
         self.discovery.deregister(instance_id)
         if self.on_removed is not None:
             self.on_removed(instance_id)
-
-
-def _records(kvs: list[tuple[str, bytes]]) -> Iterator[Instance]:
-    """The well-formed endpoint records among ``kvs``; anything else is skipped (DSC-008)."""
-    for _key, value in kvs:
-        try:
-            yield decode_record(value)
-        except MalformedRecord:
-            continue

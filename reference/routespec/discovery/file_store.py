@@ -8,9 +8,11 @@ directory is shared between processes. Temporary files start with ``.tmp_`` and 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import random
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -22,7 +24,15 @@ import attrs
 import trio
 
 from routespec.discovery.instances import Instance
-from routespec.discovery.store import FIELD, DiscoveryError, IdCallback
+from routespec.discovery.store import (
+    FIELD,
+    DiscoveryError,
+    IdCallback,
+    SkipCallback,
+    SkippedRecord,
+    SkippedRecords,
+    log_skipped,
+)
 
 ROOT_ENV = "DYN_FILE_KV"
 DEFAULT_DIR_NAME = "dynamo_store_kv"
@@ -33,10 +43,23 @@ TEMP_FILE_PREFIX = ".tmp_"
 ENDPOINT_TYPE = "Endpoint"
 TCP_TRANSPORT = "tcp"
 LEGACY_CODEC = "json"  # a record without ``request_plane_codec`` predates msgpack payloads
+CODECS = ("msgpack", "json")  # the payload codecs a caller can speak (TRN-001; DSC-013)
+MAX_RECORD_BYTES = 64 * 1024  # DSC-013: Dynamo's records are a few hundred bytes
+MAX_INSTANCE_ID = 2**64 - 1  # a u64
+HEX_ID = re.compile(r"[0-9a-fA-F]{1,16}")
+PORT = re.compile(r"[0-9]{1,5}")
+HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+DEVICE_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_HOST_NAME = 253
 
 
 class MalformedRecord(ValueError):
-    """A discovery file that is not a valid endpoint record."""
+    """A stored value that is not a usable endpoint record: the field at fault and why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
 
 
 def default_root() -> Path:
@@ -95,28 +118,128 @@ def encode_record(instance: Instance) -> bytes:
 
 
 def decode_record(data: bytes) -> Instance:
-    """An ``Instance`` from a record; anything else is a ``MalformedRecord`` (DSC-008)."""
+    """An ``Instance`` from a record; anything it cannot be used as is a ``MalformedRecord``
+    naming the field at fault (DSC-008, DSC-013)."""
+    if len(data) > MAX_RECORD_BYTES:
+        raise MalformedRecord("record", f"larger than the {MAX_RECORD_BYTES}-byte limit")
     try:
         record = json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise MalformedRecord(f"not JSON: {error}") from None
-    if not isinstance(record, dict) or record.get("type") != ENDPOINT_TYPE:
-        raise MalformedRecord("not an Endpoint record")
-    names = [record.get(field) for field in ("namespace", "component", "endpoint")]
+        raise MalformedRecord("record", f"not JSON: {error}") from None
+    if not isinstance(record, dict):
+        raise MalformedRecord("record", f"not a JSON object but {type(record).__name__}")
+    if record.get("type") != ENDPOINT_TYPE:
+        raise MalformedRecord("type", f"{record.get('type')!r} is not {ENDPOINT_TYPE!r}")
+    names = [_name(record, field) for field in ("namespace", "component", "endpoint")]
     instance_id = record.get("instance_id")
+    if (
+        not isinstance(instance_id, int)
+        or isinstance(instance_id, bool)
+        or not 0 <= instance_id <= MAX_INSTANCE_ID
+    ):
+        raise MalformedRecord("instance_id", f"{instance_id!r} is not a u64 integer")
     transport = record.get("transport")
-    if not all(isinstance(name, str) and name and "/" not in name for name in names):
-        raise MalformedRecord("namespace/component/endpoint must be non-empty names")
-    if not isinstance(instance_id, int) or isinstance(instance_id, bool) or instance_id < 0:
-        raise MalformedRecord("instance_id must be a non-negative integer")
-    address = transport.get(TCP_TRANSPORT) if isinstance(transport, dict) else None
-    if not isinstance(address, str) or "/" not in address:
-        raise MalformedRecord("transport.tcp must be 'host:port/path'")
+    if not isinstance(transport, dict):
+        raise MalformedRecord("transport", f"not an object but {type(transport).__name__}")
+    if TCP_TRANSPORT not in transport:
+        kinds = ", ".join(map(repr, transport)) or "none"
+        raise MalformedRecord("transport", f"no {TCP_TRANSPORT!r} address (has {kinds})")
+    address = _address(transport[TCP_TRANSPORT])
     device_type = record.get("device_type", "cuda")
+    if not isinstance(device_type, str) or DEVICE_TYPE.fullmatch(device_type) is None:
+        raise MalformedRecord("device_type", f"{device_type!r} is not a device name")
     codec = record.get("request_plane_codec", LEGACY_CODEC)
-    if not isinstance(device_type, str) or not isinstance(codec, str):
-        raise MalformedRecord("device_type and request_plane_codec must be strings")
-    return Instance(instance_id, "/".join(str(name) for name in names), address, device_type, codec)
+    if codec not in CODECS:
+        raise MalformedRecord(
+            "request_plane_codec", f"unknown codec {codec!r} (known: {', '.join(CODECS)})"
+        )
+    return Instance(instance_id, "/".join(names), address, device_type, codec)
+
+
+def _name(record: dict[str, object], field: str) -> str:
+    name = record.get(field)
+    if not isinstance(name, str) or not name or "/" in name or not _text(name):
+        raise MalformedRecord(field, f"{name!r} is not a non-empty name without '/'")
+    return name
+
+
+def _text(value: str) -> bool:
+    """Printable text that UTF-8 can carry (JSON lets a record hold lone surrogates)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return value.isprintable()
+
+
+def _address(address: object) -> str:
+    """``transport.tcp``, checked to be ``host:port/path`` that a caller can dial (DSC-013)."""
+    field = f"transport.{TCP_TRANSPORT}"
+    if not isinstance(address, str) or not _text(address):
+        raise MalformedRecord(field, f"{address!r} is not a 'host:port/path' string")
+    location, _, path = address.partition("/")
+    host, colon, port = location.rpartition(":")
+    if not path:
+        raise MalformedRecord(field, f"{address!r} has no path: expected host:port/path")
+    if not colon or PORT.fullmatch(port) is None:
+        raise MalformedRecord(field, f"{address!r} has no port: expected host:port/path")
+    if not 1 <= int(port) <= 65535:
+        raise MalformedRecord(field, f"{address!r}: port {port} is out of range 1-65535")
+    if not _host(host):
+        raise MalformedRecord(field, f"{address!r}: {host!r} is not an IP address or host name")
+    return address
+
+
+def _host(host: str) -> bool:
+    """An IP address (IPv6 with or without brackets) or a DNS host name."""
+    literal = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(literal)
+    except ValueError:
+        labels = host.removesuffix(".").split(".")
+        return len(host) <= MAX_HOST_NAME and all(HOST_LABEL.fullmatch(x) for x in labels)
+    return True
+
+
+def record_under_key(data: bytes, endpoint: str, key_id: str) -> Instance:
+    """The instance the record stored under ``<endpoint>/<key_id>`` describes: a usable record
+    (``decode_record``) of that endpoint and id, else a ``MalformedRecord`` (DSC-013)."""
+    if HEX_ID.fullmatch(key_id) is None:
+        raise MalformedRecord("key", f"{key_id!r} is not a hex instance id")
+    instance = decode_record(data)
+    for field, named, stored in zip(
+        ("namespace", "component", "endpoint"),
+        instance.endpoint.split("/"),
+        split_endpoint(endpoint),
+        strict=True,
+    ):
+        if named != stored:
+            raise MalformedRecord(field, f"{named!r} but the record is stored under {stored!r}")
+    if instance.instance_id != int(key_id, 16):
+        raise MalformedRecord(
+            "instance_id", f"{instance.instance_id:x} but the record is stored under {key_id}"
+        )
+    return instance
+
+
+# the worker option each record field comes from, for a refused registration (DSC-015)
+RECORD_OPTIONS = {
+    "namespace": "--endpoint",
+    "component": "--endpoint",
+    "endpoint": "--endpoint",
+    "transport.tcp": "--host",
+    "device_type": "--device-type",
+}
+
+
+def check_registrable(instance: Instance) -> None:
+    """Refuse to register a record that watchers would skip (DSC-015): a ``DiscoveryError``
+    naming the option its fault comes from."""
+    try:
+        record_under_key(encode_record(instance), instance.endpoint, f"{instance.instance_id:x}")
+    except MalformedRecord as error:
+        option = RECORD_OPTIONS.get(error.field, error.field)
+        raise DiscoveryError(option, f"watchers could not use this record: {error}") from None
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -184,8 +307,15 @@ class FileRegistration:
         interval: float = DEFAULT_TTL / 3,
     ) -> AsyncIterator[FileRegistration]:
         """Registered with a heartbeat for the block; deregistered when it ends."""
+        check_registrable(instance)
         registration = cls(instance) if root is None else cls(instance, Path(root))
-        registration.register()
+        try:
+            registration.register()
+        except OSError as error:  # at start-up: a store this process cannot write (DSC-011)
+            reason = error.strerror or str(error)
+            raise DiscoveryError(
+                FIELD, f"cannot write to the file store {registration.root}: {reason}"
+            ) from None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registration.heartbeat, interval)
@@ -206,12 +336,15 @@ class FileDiscovery:
     """The ``Discovery`` of one endpoint, read from a cached snapshot of the store.
 
     ``refresh`` rescans the directory; ``watch`` does so periodically and reports changes.
+    Unusable records of the endpoint are skipped, each reported once to ``on_skipped``.
     """
 
     root: Path = attrs.field(converter=_root)
     endpoint: str = attrs.field()
     ttl: float = DEFAULT_TTL
+    on_skipped: SkipCallback = log_skipped
     _records: dict[int, Instance] = attrs.field(factory=dict, init=False)
+    _skipped: SkippedRecords = attrs.field(init=False)
 
     @endpoint.validator
     def _check_endpoint(self, _attribute: object, value: str) -> None:
@@ -219,42 +352,70 @@ class FileDiscovery:
 
     def __attrs_post_init__(self) -> None:
         self.endpoint = "/".join(split_endpoint(self.endpoint))
+        self._skipped = SkippedRecords(self.on_skipped)
 
     def refresh(self) -> tuple[frozenset[int], frozenset[int]]:
         """Rescan: delete expired files, read this endpoint's records; returns (added, removed).
 
-        Malformed or vanished files are skipped (DSC-008); a record older than ``ttl`` is
-        dead (DSC-006); only this endpoint's records are listed (DSC-002).
+        Only the records under this endpoint's keys are read (DSC-002); an unusable one is
+        skipped and reported (DSC-008, DSC-013, DSC-014); a vanished file is skipped; a record
+        older than ``ttl`` is dead (DSC-006).
         """
         found: dict[int, Instance] = {}
+        unusable: list[str] = []
         deadline = time.time() - self.ttl
+        prefix = self.endpoint + "/"
+        directory = instances_dir(self.root)
         try:
-            entries = list(os.scandir(instances_dir(self.root)))
+            entries = list(os.scandir(directory))
         except (FileNotFoundError, NotADirectoryError):
             entries = []
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise DiscoveryError(FIELD, f"cannot read {directory}: {reason}") from None
         for entry in entries:
-            instance = self._read(entry, deadline)
-            if instance is not None and instance.endpoint == self.endpoint:
+            key = urllib.parse.unquote(entry.name)
+            if not self._live(entry, deadline) or not key.startswith(prefix):
+                continue
+            try:
+                instance = self._read(entry, key.removeprefix(prefix))
+            except MalformedRecord as error:
+                unusable.append(entry.path)
+                self._skipped.skip(SkippedRecord(entry.path, error.field, error.reason))
+                continue
+            if instance is not None:
                 found[instance.instance_id] = instance
+        self._skipped.keep(unusable)
         added = frozenset(found.keys() - self._records.keys())
         removed = frozenset(self._records.keys() - found.keys())
         self._records = found
         return added, removed
 
     @staticmethod
-    def _read(entry: os.DirEntry[str], deadline: float) -> Instance | None:
+    def _live(entry: os.DirEntry[str], deadline: float) -> bool:
+        """A record file still alive; an expired one is deleted (its owner stopped renewing)."""
+        if entry.name.startswith(TEMP_FILE_PREFIX):
+            return False
         try:
             if not entry.is_file(follow_symlinks=False):
-                return None
+                return False
             if entry.stat().st_mtime < deadline:
-                os.unlink(entry.path)  # expired: its owner stopped refreshing it
-                return None
-            if entry.name.startswith(TEMP_FILE_PREFIX):
-                return None
+                os.unlink(entry.path)
+                return False
+        except OSError:  # vanished meanwhile, or another reader deleted it first
+            return False
+        return True
+
+    def _read(self, entry: os.DirEntry[str], key_id: str) -> Instance | None:
+        """The record's instance; None if the file vanished; ``MalformedRecord`` if unusable."""
+        try:
             with open(entry.path, "rb") as file:
-                return decode_record(file.read())
-        except (OSError, MalformedRecord):
+                data = file.read(MAX_RECORD_BYTES + 1)  # a larger record is not read whole
+        except FileNotFoundError:
             return None
+        except OSError as error:
+            raise MalformedRecord("record", f"cannot be read: {error.strerror or error}") from None
+        return record_under_key(data, self.endpoint, key_id)
 
     async def watch(
         self,
@@ -286,19 +447,36 @@ class FileDiscovery:
         return None if instance is None else instance.device_type
 
 
+def _check_root(root: Path) -> None:
+    existing = root
+    try:
+        while not os.path.lexists(existing) and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise DiscoveryError(FIELD, f"file store {root}: {existing} is not a directory")
+        with os.scandir(existing):
+            pass
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise DiscoveryError(FIELD, f"file store {root}: {reason}") from None
+
+
 @attrs.frozen
 class FileStore:
-    """The file store as a ``DiscoveryStore``: zero set-up, every process on one host."""
+    """The file store as a ``DiscoveryStore``: zero set-up, every process on one host.
+
+    ``on_skipped`` hears of each unusable record a watcher skips (by default a warning)."""
 
     root: Path = attrs.field(factory=default_root, converter=_root)
     ttl: float = DEFAULT_TTL
     poll_interval: float = 0.2
+    on_skipped: SkipCallback = attrs.field(default=log_skipped, kw_only=True)
 
     async def check(self) -> None:
-        """A missing directory is created by the first registration; a file in its place is
-        an error (DSC-011)."""
-        if self.root.exists() and not self.root.is_dir():
-            raise DiscoveryError(FIELD, f"file store {self.root} is not a directory")
+        """A missing directory is created by the first registration, so its nearest existing
+        ancestor must be a directory; an existing one must be a directory this process can
+        list (DSC-011)."""
+        _check_root(self.root)
 
     def registration(self, instance: Instance) -> AbstractAsyncContextManager[FileRegistration]:
         return FileRegistration.open(instance, self.root, interval=self.ttl / 3)
@@ -310,7 +488,7 @@ class FileStore:
         on_added: IdCallback | None = None,
         on_removed: IdCallback | None = None,
     ) -> AsyncIterator[FileDiscovery]:
-        discovery = FileDiscovery(self.root, endpoint, self.ttl)
+        discovery = FileDiscovery(self.root, endpoint, self.ttl, self.on_skipped)
         discovery.refresh()  # the first read (DSC-003)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(discovery.watch, self.poll_interval, on_added, on_removed)

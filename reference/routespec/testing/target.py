@@ -587,6 +587,11 @@ class DiscoveryTarget(Protocol):
         """The changes reported to the watcher so far, in order: ``("added" | "removed", id)``."""
         ...
 
+    def skipped(self, watcher: int) -> tuple[tuple[str, str], ...]:
+        """The records the watcher reported skipping as unusable (DSC-014), in order, as
+        ``(key, field)``: the key as ``v1/instances/<ns>/<comp>/<endpoint>/<hex id>``."""
+        ...
+
     def record(self, instance_id: int) -> StoredRecord | None:
         """The record the store holds now for an instance registered or put here, or None."""
         ...

@@ -144,9 +144,7 @@ class TcpDispatch:
                     )
             if self._tombstoned(instance.instance_id):
                 raise RoutingError(ErrorKind.DISCONNECTED, TOMBSTONED)  # nothing written
-            message = RequestMessage(
-                path, self._headers(path, request), TwoPart(control, body).encode()
-            ).encode()
+            message = _request_message(path, self._headers(path, request), control, body)
             ack = await self._request_plane.send(
                 address,
                 message,
@@ -223,6 +221,17 @@ class TcpDispatchWith:
 
     async def generate(self, instance: Instance, request: Request) -> DeadlineStream:
         return await self.dispatch.generate(instance, request, self.deadlines)
+
+
+def _request_message(path: str, headers: bytes, control: bytes, body: bytes) -> bytes:
+    """The request message; one over the message size limit is the caller's
+    ``InvalidArgument``, like an oversized control message (TRN-002)."""
+    try:
+        return RequestMessage(path, headers, TwoPart(control, body).encode()).encode()
+    except WireProtocolError as error:
+        raise RoutingError(
+            ErrorKind.INVALID_ARGUMENT, f"request message too large: {error} (TRN-002)"
+        ) from None
 
 
 def _body(request: Request, codec: PayloadCodec) -> bytes:

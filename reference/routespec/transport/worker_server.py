@@ -223,7 +223,8 @@ class WorkerServer:
             if self.connections < self.limits.max_connections:
                 self._cap_reported = False
             connection.release()
-            await trio.aclose_forcefully(stream)
+            with trio.CancelScope(shield=True):  # a Cancelled must not replace what is in flight
+                await trio.aclose_forcefully(stream)
 
     async def _serve_requests(self, connection: FramedConnection, peer: IPAddress | None) -> None:
         try:

@@ -292,6 +292,7 @@ async def router(args: argparse.Namespace) -> int:
                         requests.opened(number)
                         nursery.start_soon(requests.route, caller, number, line)
                         number += 1
+                requests.input_ended = True
 
     try:
         stop = await until_signal(route)
@@ -301,12 +302,7 @@ async def router(args: argparse.Namespace) -> int:
     if stop is not None:
         requests.end_all(RoutingError(ErrorKind.CANCELLED, stop.reason))
         return stop.status
-    if requests.failures or requests.numbers:  # a layer below swallowed what ended them
-        lost: Exception = (
-            requests.failures[0]
-            if requests.failures
-            else InternalError(f"{len(requests.numbers)} requests ended without an outcome")
-        )
+    if lost := requests.lost():  # a layer below swallowed what ended the router
         requests.end_all(RoutingError(ErrorKind.UNKNOWN, f"{ROUTER_FAILED}: {describe(lost)}"))
         raise lost
     return 0
@@ -402,14 +398,27 @@ def json_line(data: object) -> str:
 class OpenRequests:
     """The router's requests without an end line yet, by number; writes their lines.
 
-    ``failures`` keeps each unexpected exception that ended a request's handling, so that
-    ``router`` still reports it if a layer below swallows it on its way out."""
+    ``failures`` keeps each unexpected exception that ended a request's handling, and
+    ``input_ended`` says the router read its input to the end, so that ``router`` still
+    reports a failure that a layer below swallowed on its way out (``lost``)."""
 
     numbers: set[int] = attrs.field(factory=set)
     failures: list[Exception] = attrs.field(factory=list)
+    input_ended: bool = False
 
     def opened(self, number: int) -> None:
         self.numbers.add(number)
+
+    def lost(self) -> Exception | None:
+        """After the routing ended without an exception: the one it should have ended
+        with, if something below swallowed it."""
+        if self.failures:
+            return self.failures[0]
+        if self.numbers:
+            return InternalError(f"{len(self.numbers)} requests ended without an outcome")
+        if not self.input_ended:
+            return InternalError("the router stopped before the end of its input")
+        return None
 
     @staticmethod
     def emit(number: int, **fields: object) -> None:

@@ -407,11 +407,11 @@ def _exit_status(parser: Parser, failure: BaseException) -> int:
     if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
         return INTERRUPTED_EXIT
     if all(isinstance(leaf, (*FAILURES, KeyboardInterrupt)) for leaf in leaves):
-        first = next(leaf for leaf in leaves if isinstance(leaf, FAILURES))
-        print(f"{parser.prog}: error: {first}", file=sys.stderr)
+        usage = next(leaf for leaf in leaves if isinstance(leaf, FAILURES))
+        print(f"{parser.prog}: error: {usage}", file=sys.stderr)
         return USAGE_EXIT
-    internal = next(leaf for leaf in leaves if not isinstance(leaf, (*FAILURES, KeyboardInterrupt)))
-    print(f"{parser.prog}: internal error: {type(internal).__name__}: {internal}", file=sys.stderr)
+    bug = next(leaf for leaf in leaves if not isinstance(leaf, (*FAILURES, KeyboardInterrupt)))
+    print(f"{parser.prog}: internal error: {type(bug).__name__}: {bug}", file=sys.stderr)
     traceback.print_exception(failure, file=sys.stderr)
     return INTERNAL_ERROR_EXIT
 

@@ -17,7 +17,7 @@ import trio
 
 from routespec.deploy import metrics as prometheus
 from routespec.deploy.cli.handlers import FunctionHandler, load_handler
-from routespec.deploy.cli.usage import bind_failure, require_extra, sole_os_error
+from routespec.deploy.cli.usage import bind_failure, require_extra, sole_bind_error
 from routespec.deploy.metrics import Counts, NoMetrics, RequestMetrics
 from routespec.discovery.file_store import random_instance_id, transport_path
 from routespec.discovery.instances import Instance
@@ -126,7 +126,7 @@ def serving_metrics(metrics: Counts, args: argparse.Namespace) -> Iterator[str]:
     host, port = args.metrics_host, args.metrics_port
     try:
         bound, stop = metrics.serve(port, host)
-    except OSError as error:
+    except (OSError, UnicodeError) as error:
         raise bind_failure(error, (METRICS_HOST, host), (METRICS_PORT, port)) from None
     try:
         yield f"http://{host}:{bound}/metrics"
@@ -147,8 +147,8 @@ async def serve_worker(args: argparse.Namespace) -> None:
         async with trio.open_nursery() as nursery:
             try:
                 await nursery.start(server.run)
-            except (OSError, BaseExceptionGroup) as error:
-                if (bind_error := sole_os_error(error)) is None:
+            except (OSError, UnicodeError, BaseExceptionGroup) as error:
+                if (bind_error := sole_bind_error(error)) is None:
                     raise
                 host, port = ("--host", args.host), ("--port", args.port)
                 raise bind_failure(bind_error, host, port) from None
