@@ -19,7 +19,7 @@ from routespec.conformance.checks import (
 )
 from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
 from routespec.conformance.plugin import OpenTarget
-from routespec.conformance.scenario import reached, tokens
+from routespec.conformance.scenario import reached, shows_outer, tokens
 from routespec.testing.target import (
     CancelThenFail,
     Capability,
@@ -49,7 +49,7 @@ def failed_with(outcome: Outcome, label: str, message: str | None = None) -> boo
     error = outcome.error
     return (
         error is not None
-        and error.type == label
+        and shows_outer(error, label)
         and (message is None or error.links[0][1] == message)
     )
 
@@ -243,7 +243,7 @@ def test_pins_are_exact_while_direct_mode_keeps_the_fallback(target: Target) -> 
     outcome, attempts = ended(target, pinning.route(HostRoute(backend_instance_id=vanished)), "")
     require(
         "HST-008",
-        outcome.error is not None and outcome.error.type == "CannotConnect" and not attempts,
+        shows_outer(outcome.error, "CannotConnect") and not attempts,
         f"a pin on worker {vanished}, whose transport record is gone, must fail CannotConnect "
         f"without reaching another worker; got {outcome}, reached {attempts}",
     )

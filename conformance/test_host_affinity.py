@@ -20,7 +20,7 @@ from routespec.conformance.checks import (
     requires,
 )
 from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
-from routespec.conformance.scenario import MODE_CAPABILITY, finished, reached, shows
+from routespec.conformance.scenario import MODE_CAPABILITY, finished, reached, shows, shows_outer
 from routespec.testing.target import (
     Capability,
     ErrorSpec,
@@ -704,7 +704,7 @@ def test_a_binding_the_request_rules_out_fails_without_rebinding(
     )
     require(
         "AFF-010",
-        outcome.error is not None and outcome.error.type == "InvalidArgument",
+        shows_outer(outcome.error, "InvalidArgument"),
         f"a request that rules out its own hard binding is invalid; got {outcome.error}",
     )
     bound_to(host, "s", bound, "AFF-010", f"after a request whose {conflict} ruled it out")
@@ -723,7 +723,7 @@ def test_a_config_watch_gap_fails_without_rebinding(target: Target) -> None:
     outcome = refused(target, host.route(HostRoute(session="s")), "AFF-010", "config not yet seen")
     require(
         "AFF-010",
-        outcome.error is not None and outcome.error.type == "Unavailable",
+        shows_outer(outcome.error, "Unavailable"),
         f"the selector does not know the bound worker yet: expected Unavailable, got "
         f"{outcome.error}",
     )
