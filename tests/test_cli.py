@@ -338,6 +338,30 @@ def _assert_no_traceback(command: Command) -> None:
     assert "Traceback" not in command.stderr(), command.stderr()
 
 
+def test_a_stopped_worker_ends_a_call_instead_of_hanging_it(tmp_path: Path) -> None:
+    """A SIGSTOPped worker still completes TCP connects (the kernel does) but never ACKs:
+    the caller's ACK deadline (TMO-002, 5 s by default) fails the attempt, the worker is
+    reported down and, with no other worker, the call ends with a typed error (before the
+    deadlines it waited forever). The subprocess timeout only guards against that hang."""
+    spec = f"file:{tmp_path / 'kv'}"
+    with commands(tmp_path) as started:
+        worker, _ = start_worker(started, tmp_path, ENDPOINT, spec)
+        os.kill(worker.process.pid, signal.SIGSTOP)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "routespec", "call", "--endpoint", ENDPOINT,
+                 "--discovery", spec, json.dumps({"token_ids": PROMPT, "max_tokens": 2})],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        finally:
+            os.kill(worker.process.pid, signal.SIGCONT)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("routespec: request failed: "), done.stderr
+    assert "caused by: " in done.stderr, done.stderr
+    assert "ConnectionTimeout" in done.stderr, done.stderr
+    assert done.stdout == "", done.stdout
+
+
 def test_ctrl_c_ends_a_call_with_130_and_no_traceback(tmp_path: Path) -> None:
     spec = f"file:{tmp_path / 'kv'}"
     with commands(tmp_path) as started:

@@ -28,7 +28,7 @@ from routespec.deploy.cli.usage import InternalError, UsageError, bind_failure, 
 from routespec.deploy.cli.worker import metrics_for, serving_metrics
 from routespec.deploy.metrics import NoMetrics, RouterCounts, RouterMetrics, error_kind
 from routespec.discovery.url import open_store
-from routespec.errors import ErrorKind, RoutingError
+from routespec.errors import ErrorKind, RoutingError, error_chain
 from routespec.host.request import HostRequest, RoutingHints
 from routespec.host.routing_host import RoutingHost, WorkerConfig
 from routespec.migration import Migration
@@ -268,6 +268,8 @@ async def call(args: argparse.Namespace) -> int:
         raise InternalError("the request ended without an outcome or an error")
     if outcome[0] is not None:
         print(f"routespec: request failed: {outcome[0]}", file=sys.stderr)
+        for cause in list(error_chain(outcome[0]))[1:]:  # e.g. each attempt's failure
+            print(f"  caused by: {cause}", file=sys.stderr)
         return 1
     return 0
 
