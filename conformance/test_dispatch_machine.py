@@ -339,6 +339,8 @@ class DispatchMachine(TargetMachine):
         ):
             return
         target = self.model.workers.get(call.worker_id)
+        if isinstance(call, DirectWithin) and self._a_fallback_may_refuse_as_overloaded(call):
+            return  # the fallback worker's own refusal, not the gone target's overload mark
         if target is not None and not target.record and call.worker_id in self.model.overloaded():
             require_compare(
                 "DSP-003",
@@ -348,6 +350,15 @@ class DispatchMachine(TargetMachine):
                 f"{call}: the target has no transport record but the dispatch failed as "
                 f"overloaded: {outcome.error.describe()}",
             )
+
+    def _a_fallback_may_refuse_as_overloaded(self, call: DirectWithin) -> bool:
+        """A DirectWithin whose target has no record falls back; a candidate scripted to
+        refuse with ``Server overloaded`` fails it WorkerOverloaded on its own account."""
+        return any(
+            isinstance(worker.script, Reject) and worker.script.overloaded
+            for worker_id, worker in self.model.workers.items()
+            if worker_id != call.worker_id and (call.allowed is None or worker_id in call.allowed)
+        )
 
     def check_items(self, call: Call, reached: int | None, outcome: Outcome) -> None:
         indexes = [item.get("index") if isinstance(item, dict) else None for item in outcome.items]
