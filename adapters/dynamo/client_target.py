@@ -23,24 +23,20 @@ from routespec.testing.target import (
     Capability,
     Delivery,
     Direct,
-    DiscoveryTarget,
-    ErrorSpec,
     Generate,
-    HostConfig,
-    ObservedError,
     Outcome,
-    RoutingHostTarget,
     Target,
     TargetConfig,
-    WorkerScript,
-    WorkerSetsView,
 )
+from routespec.testing.unsupported import Unsupported
 
 MODES = {"round-robin": "round_robin", "random": "random"}
 SETTLE_LIMIT = 10.0
 
 
-class DynamoClientTarget:
+class DynamoClientTarget(Unsupported):
+    """What the bindings cannot reach stays ``Unsupported`` (left out of the capabilities)."""
+
     def __init__(self, endpoint: str, store: Path) -> None:
         self.driver = ClientDriver(endpoint, store)
         self.stalled: dict[str, tuple[int, int]] = {}
@@ -119,58 +115,6 @@ class DynamoClientTarget:
             "open requests to settle",
             SETTLE_LIMIT,
         )
-
-    # what the bindings cannot reach (left out of the adapters' capabilities)
-
-    def vanish_worker(self, worker_id: int) -> None:
-        raise NotImplementedError(Capability.VANISH_WORKER.value)
-
-    def add_worker_process(self, script: WorkerScript) -> int:
-        raise NotImplementedError(Capability.KILL_WORKER_PROCESS.value)
-
-    def announce_removal(self, worker_id: int, removed: bool) -> None:
-        raise NotImplementedError(Capability.ANNOUNCE_REMOVAL.value)
-
-    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
-        raise NotImplementedError(Capability.MARK_OVERLOADED.value)
-
-    def report_down(self, worker_id: int) -> None:
-        raise NotImplementedError(Capability.REPORT_DOWN.value)
-
-    def advance_time(self, seconds: float) -> None:
-        raise NotImplementedError(Capability.MOCK_CLOCK.value)
-
-    def worker_sets(self) -> WorkerSetsView:
-        raise NotImplementedError(Capability.OBSERVE_WORKER_SETS.value)
-
-    def occupancy(self) -> Mapping[int, int]:
-        raise NotImplementedError(Capability.OBSERVE_OCCUPANCY.value)
-
-    def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
-        raise NotImplementedError(Capability.ROUTING_HOST.value)
-
-    def open_discovery(self) -> DiscoveryTarget:
-        raise NotImplementedError(Capability.DISCOVERY_STORE.value)
-
-    def held_guards(self) -> int:
-        raise NotImplementedError(Capability.FIRST_RESPONSE_GUARD.value)
-
-    def transport_inflight(self) -> int:
-        raise NotImplementedError(Capability.OBSERVE_INFLIGHT.value)
-
-    def send_raw(self, worker_id: int | None, data: bytes) -> None:
-        raise NotImplementedError(Capability.WIRE_TRANSPORT.value)
-
-    def match_error_chain(
-        self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
-    ) -> bool:
-        raise NotImplementedError(Capability.ERROR_MODEL.value)
-
-    def classify(self, error: ErrorSpec) -> tuple[str, str]:
-        raise NotImplementedError(Capability.ERROR_MODEL.value)
-
-    def bounded_message(self, message: str) -> str:
-        raise NotImplementedError(Capability.ERROR_MODEL.value)
 
 
 PROLOGUE_FAILURE = "Worker generate() failed before response stream"

@@ -46,9 +46,7 @@ from routespec.adapters.dynamo_frontend.http_client import (
 from routespec.testing.target import (
     Call,
     CancelThenFail,
-    Capability,
     Delivery,
-    DiscoveryTarget,
     ErrorSpec,
     FailBeforeStream,
     FailMidStream,
@@ -67,8 +65,8 @@ from routespec.testing.target import (
     TerminalFlood,
     TerminalThen,
     WorkerScript,
-    WorkerSetsView,
 )
+from routespec.testing.unsupported import Unsupported
 
 SETTLE_LIMIT = 30.0
 RAISABLE = frozenset(
@@ -226,7 +224,9 @@ class Pending:
     outcome: Outcome | None = None
 
 
-class FrontendTarget:
+class FrontendTarget(Unsupported):
+    """What this target does not reach stays ``Unsupported``."""
+
     def __init__(self, config: TargetConfig, shared: Deployment) -> None:
         self.config = config
         self.shared = shared
@@ -615,55 +615,6 @@ class FrontendTarget:
             return generation.refusal
         self.default_generation = generation
         return FrontendHost(self, config, generation)
-
-    # --- what this target does not reach ---
-
-    def vanish_worker(self, worker_id: int) -> None:
-        raise NotImplementedError(Capability.VANISH_WORKER.value)
-
-    def announce_removal(self, worker_id: int, removed: bool) -> None:
-        raise NotImplementedError(Capability.ANNOUNCE_REMOVAL.value)
-
-    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
-        raise NotImplementedError(Capability.MARK_OVERLOADED.value)
-
-    def report_down(self, worker_id: int) -> None:
-        raise NotImplementedError(Capability.REPORT_DOWN.value)
-
-    def advance_time(self, seconds: float) -> None:
-        raise NotImplementedError(Capability.MOCK_CLOCK.value)
-
-    def worker_sets(self) -> WorkerSetsView:
-        raise NotImplementedError(Capability.OBSERVE_WORKER_SETS.value)
-
-    def occupancy(self) -> Mapping[int, int]:
-        raise NotImplementedError(Capability.OBSERVE_OCCUPANCY.value)
-
-    def held_guards(self) -> int:
-        raise NotImplementedError(Capability.FIRST_RESPONSE_GUARD.value)
-
-    def transport_inflight(self) -> int:
-        raise NotImplementedError(Capability.OBSERVE_INFLIGHT.value)
-
-    def worker_bytes(self, worker_id: int) -> int:
-        raise NotImplementedError(Capability.OBSERVE_WORKER_BYTES.value)
-
-    def send_raw(self, worker_id: int | None, data: bytes) -> None:
-        raise NotImplementedError(Capability.WIRE_TRANSPORT.value)
-
-    def open_discovery(self) -> DiscoveryTarget:
-        raise NotImplementedError(Capability.DISCOVERY_STORE.value)
-
-    def match_error_chain(
-        self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
-    ) -> bool:
-        raise NotImplementedError(Capability.ERROR_MODEL.value)
-
-    def classify(self, error: ErrorSpec) -> tuple[str, str]:
-        raise NotImplementedError(Capability.ERROR_MODEL.value)
-
-    def bounded_message(self, message: str) -> str:
-        raise NotImplementedError(Capability.ERROR_MODEL.value)
 
 
 class FrontendHost:

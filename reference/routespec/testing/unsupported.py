@@ -1,0 +1,83 @@
+"""A base for targets: every capability-gated method refuses, naming the capability.
+
+An adapter declares what it reaches in ``Adapter.capabilities`` and overrides those methods;
+the suite never calls the others (their checks are SKIP), but the ``Target`` protocol still
+wants them. Subclassing ``Unsupported`` gives the rest in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+from routespec.testing.target import (
+    Capability,
+    DiscoveryTarget,
+    ErrorSpec,
+    HostConfig,
+    ObservedError,
+    RoutingHostTarget,
+    WorkerScript,
+    WorkerSetsView,
+)
+
+
+def _lacks(capability: Capability) -> NoReturn:
+    raise NotImplementedError(capability.value)
+
+
+class Unsupported:
+    """Every capability-gated ``Target`` method, refusing; override what the adapter reaches."""
+
+    def vanish_worker(self, worker_id: int) -> None:
+        _lacks(Capability.VANISH_WORKER)
+
+    def add_worker_process(self, script: WorkerScript) -> int:
+        _lacks(Capability.KILL_WORKER_PROCESS)
+
+    def announce_removal(self, worker_id: int, removed: bool) -> None:
+        _lacks(Capability.ANNOUNCE_REMOVAL)
+
+    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
+        _lacks(Capability.MARK_OVERLOADED)
+
+    def report_down(self, worker_id: int) -> None:
+        _lacks(Capability.REPORT_DOWN)
+
+    def advance_time(self, seconds: float) -> None:
+        _lacks(Capability.MOCK_CLOCK)
+
+    def worker_sets(self) -> WorkerSetsView:
+        _lacks(Capability.OBSERVE_WORKER_SETS)
+
+    def occupancy(self) -> Mapping[int, int]:
+        _lacks(Capability.OBSERVE_OCCUPANCY)
+
+    def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:
+        _lacks(Capability.ROUTING_HOST)
+
+    def open_discovery(self) -> DiscoveryTarget:
+        _lacks(Capability.DISCOVERY_STORE)
+
+    def held_guards(self) -> int:
+        _lacks(Capability.FIRST_RESPONSE_GUARD)
+
+    def transport_inflight(self) -> int:
+        _lacks(Capability.OBSERVE_INFLIGHT)
+
+    def worker_bytes(self, worker_id: int) -> int:
+        _lacks(Capability.OBSERVE_WORKER_BYTES)
+
+    def send_raw(self, worker_id: int | None, data: bytes) -> None:
+        _lacks(Capability.WIRE_TRANSPORT)
+
+    def match_error_chain(
+        self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
+    ) -> bool:
+        _lacks(Capability.ERROR_MODEL)
+
+    def classify(self, error: ErrorSpec) -> tuple[str, str]:
+        _lacks(Capability.ERROR_MODEL)
+
+    def bounded_message(self, message: str) -> str:
+        _lacks(Capability.ERROR_MODEL)
