@@ -24,10 +24,17 @@ from routespec.adapters.dynamo.client_target import (
 from routespec.adapters.dynamo.expectations import load_expectations
 from routespec.discovery.file_store import FileRegistration, random_instance_id, transport_path
 from routespec.discovery.instances import Instance
-from routespec.testing.drill_server import DrillWorkerServer
+from routespec.testing.drill_server import DrillWorkerServer, serve_black_hole
 from routespec.testing.portal import TrioPortal
 from routespec.testing.scripted import ScriptedWorker
-from routespec.testing.target import Capability, Delivery, Outcome, WorkerScript
+from routespec.testing.target import (
+    Capability,
+    Delivery,
+    Outcome,
+    Silent,
+    SilentStage,
+    WorkerScript,
+)
 
 ENDPOINT = "routespec/conformance/generate"
 EXPECTATIONS = Path(__file__).with_name("dynamo_wire_expectations.toml")
@@ -39,6 +46,7 @@ class WireWorker:
     server: DrillWorkerServer
     registration: FileRegistration
     instance_id: int
+    own_address: str | None = None  # set while listed at a black hole (silent at CONNECT)
 
 
 class DynamoWireTarget(DynamoClientTarget):
@@ -52,6 +60,7 @@ class DynamoWireTarget(DynamoClientTarget):
         self._log: list[Delivery] = []  # as the workers saw them: Dynamo's request ids
         self._ids = itertools.count(1)
         self._instance_base = random_instance_id() >> 2
+        self._black_hole: str | None = None
 
     def close(self) -> None:
         try:
@@ -92,10 +101,31 @@ class DynamoWireTarget(DynamoClientTarget):
         self.settle()
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
+        worker = self._workers[worker_id]
+
         def assign() -> None:
-            self._workers[worker_id].scripted.script = script
+            worker.scripted.script = script
 
         self._portal.call_sync(assign)
+        unreachable = isinstance(script, Silent) and script.stage is SilentStage.CONNECT
+        if unreachable != (worker.own_address is not None):
+            self._portal.call(lambda: self._relist(worker, unreachable))
+            self.driver.await_address(worker.instance_id, worker.registration.instance.address)
+
+    async def _relist(self, worker: WireWorker, unreachable: bool) -> None:
+        """A worker silent at CONNECT is listed at an address whose connections never
+        complete (the client reads the changed record); scripted otherwise, at its own."""
+        instance = worker.registration.instance
+        if unreachable:
+            if self._black_hole is None:
+                self._black_hole = await self._portal.nursery.start(serve_black_hole)
+            worker.own_address = instance.address
+            address = f"{self._black_hole}/{instance.address.partition('/')[2]}"
+        else:
+            assert worker.own_address is not None
+            address, worker.own_address = worker.own_address, None
+        worker.registration.instance = attrs.evolve(instance, address=address)
+        worker.registration.register()
 
     def release_stalled(self, worker_id: int) -> None:
         self._portal.call_sync(self._workers[worker_id].scripted.release_stalled)
@@ -153,6 +183,8 @@ CAPABILITIES = frozenset(
         Capability.SCRIPT_REJECTION,
         Capability.SCRIPT_WIRE_FAULTS,
         Capability.OBSERVE_WORKER_BYTES,
+        Capability.SCRIPT_SILENCE,  # silent at CONNECT: listed at a black hole
+        Capability.REAL_CLOCK,
     }
 )
 

@@ -19,7 +19,9 @@ from routespec.errors import RoutingError, bound_message, error_chain, parse_typ
 from routespec.errors import match_error_chain as reference_match_error_chain
 from routespec.host.routing_host import RoutingHost
 from routespec.migration import Migration
-from routespec.routing.deadlines import Deadlines, with_deadlines
+from routespec.routing.deadlines import DEFAULT_DEADLINES, Deadlines, with_deadlines
+from routespec.routing.load_thresholds import LoadReport as ReferenceLoadReport
+from routespec.routing.load_thresholds import LoadThresholds as ReferenceLoadThresholds
 from routespec.routing.push_router import PushRouter
 from routespec.routing.selection import RouterMode
 from routespec.routing.streaming import (
@@ -41,8 +43,11 @@ from routespec.testing.target import (
     DiscoveryTarget,
     ErrorSpec,
     Generate,
+    HeldConnection,
     HostConfig,
     HostRoute,
+    LoadReport,
+    LoadThresholds,
     Migrate,
     ObservedError,
     Outcome,
@@ -52,6 +57,7 @@ from routespec.testing.target import (
     Target,
     TargetConfig,
     Timeouts,
+    WorkerBounds,
     WorkerScript,
     WorkerSetsView,
 )
@@ -139,6 +145,19 @@ class Cluster(Protocol):
         """An address whose connections never complete (Capability.SCRIPT_SILENCE)."""
         ...
 
+    # Capability.WORKER_LIMITS
+    async def serve_bounded(
+        self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
+    ) -> str:
+        """``serve``, with a request-plane server that keeps ``bounds``."""
+        ...
+
+    def open_file_limit(self, worker_id: int) -> int: ...
+    async def connect(self, worker_id: int) -> int: ...
+    async def write(self, connection: int, data: bytes) -> None: ...
+    def held(self, connection: int) -> HeldConnection: ...
+    async def disconnect(self, connection: int) -> None: ...
+
 
 @attrs.define
 class InProcessCluster:
@@ -174,8 +193,37 @@ class InProcessCluster:
     async def black_hole(self) -> str:
         raise NotImplementedError("in-process workers are not connected to")
 
+    async def serve_bounded(
+        self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
+    ) -> str:
+        raise NotImplementedError("in-process workers hold no connections")
+
+    def open_file_limit(self, worker_id: int) -> int:
+        raise NotImplementedError("in-process workers hold no connections")
+
+    async def connect(self, worker_id: int) -> int:
+        raise NotImplementedError("in-process workers have no ports")
+
+    async def write(self, connection: int, data: bytes) -> None:
+        raise NotImplementedError("in-process workers have no ports")
+
+    def held(self, connection: int) -> HeldConnection:
+        raise NotImplementedError("in-process workers have no ports")
+
+    async def disconnect(self, connection: int) -> None:
+        raise NotImplementedError("in-process workers have no ports")
+
 
 ClusterFactory = Callable[[TrioPortal], Cluster]
+
+
+def thresholds_of(thresholds: LoadThresholds) -> ReferenceLoadThresholds:
+    """The reference's busy thresholds; invalid values raise ``InvalidArgument`` (SET-006)."""
+    return ReferenceLoadThresholds(
+        thresholds.active_decode_blocks_threshold,
+        thresholds.active_prefill_tokens_threshold,
+        thresholds.active_prefill_tokens_threshold_frac,
+    )
 
 
 def deadlines_of(timeouts: Timeouts) -> Deadlines:
@@ -225,13 +273,19 @@ class ReferenceTarget:
                 ENDPOINT,
                 self._discovery,
                 FirstResponseGuardedDispatch(
-                    with_deadlines(cluster.transport, deadlines_of(config.timeouts)),
+                    # Derived from the transport as every router of the process shares it,
+                    # deadlines applied (TMO-010: a router's own replace them, never stack).
+                    with_deadlines(
+                        with_deadlines(cluster.transport, DEFAULT_DEADLINES),
+                        deadlines_of(config.timeouts),
+                    ),
                     portal.nursery,
                 ),
                 inhibited_duration=config.inhibited_duration,
                 fault_detection=config.fault_detection,
                 rng=random.Random(config.seed),
                 device_ratio=config.device_ratio,
+                load_thresholds=thresholds_of(config.load_thresholds),
             )
 
         self._router = portal.call(build)
@@ -239,12 +293,21 @@ class ReferenceTarget:
     # cluster control
 
     def add_worker(self, *, device: str = "cuda") -> int:
+        return self._add_worker(device, None)
+
+    def add_bounded_worker(self, bounds: WorkerBounds) -> int:
+        return self._add_worker("cuda", bounds)
+
+    def _add_worker(self, device: str, bounds: WorkerBounds | None) -> int:
         worker_id = next(self._ids)
         worker = ScriptedWorker(worker_id, self._log)
         self._workers[worker_id] = worker
 
         async def register() -> None:
-            address = await self._cluster.serve(worker_id, worker)
+            if bounds is None:
+                address = await self._cluster.serve(worker_id, worker)
+            else:
+                address = await self._cluster.serve_bounded(worker_id, worker, bounds)
             self._discovery.register(Instance(worker_id, ENDPOINT, address, device))
 
         self._portal.call(register)
@@ -313,6 +376,32 @@ class ReferenceTarget:
 
     def report_down(self, worker_id: int) -> None:
         self._portal.call_sync(lambda: self._router.worker_sets.report_instance_down(worker_id))
+
+    def report_load(self, worker_id: int, report: LoadReport) -> None:
+        load = ReferenceLoadReport(
+            report.active_decode_blocks,
+            report.kv_total_blocks,
+            report.active_prefill_tokens,
+            report.max_num_batched_tokens,
+        )
+        self._portal.call_sync(lambda: self._router.report_load(worker_id, load))
+
+    def check_load_thresholds(self, thresholds: LoadThresholds) -> ObservedError | None:
+        """Build a second router over the same discovery with ``thresholds`` (SET-006)."""
+
+        async def build() -> ObservedError | None:
+            try:
+                type(self._router).create(
+                    ENDPOINT,
+                    self._discovery,
+                    self._router.transport,
+                    load_thresholds=thresholds_of(thresholds),
+                )
+            except RoutingError as failure:
+                return observe(failure, pre_stream=True)
+            return None
+
+        return self._portal.call(build)
 
     def advance_time(self, seconds: float) -> None:
         self._portal.advance(seconds)
@@ -498,6 +587,25 @@ class ReferenceTarget:
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         self._portal.call(lambda: self._cluster.send_raw(worker_id, data))
 
+    # raw connections held open to a worker
+
+    def open_file_limit(self, worker_id: int) -> int:
+        return self._cluster.open_file_limit(worker_id)
+
+    def connect(self, worker_id: int) -> int:
+        return self._portal.call(lambda: self._cluster.connect(worker_id))
+
+    def write(self, connection: int, data: bytes) -> HeldConnection:
+        self._portal.call(lambda: self._cluster.write(connection, data))
+        return self._cluster.held(connection)
+
+    def held(self, connection: int) -> HeldConnection:
+        self._portal.call(trio.lowlevel.checkpoint)  # what fell due has been answered
+        return self._cluster.held(connection)
+
+    def disconnect(self, connection: int) -> None:
+        self._portal.call(lambda: self._cluster.disconnect(connection))
+
     # the error model
 
     def match_error_chain(
@@ -525,6 +633,7 @@ WIRE_ONLY = frozenset(
         Capability.KILL_WORKER_PROCESS,
         Capability.OBSERVE_WORKER_BYTES,
         Capability.WIRE_TRANSPORT,
+        Capability.WORKER_LIMITS,
     }
 )
 
@@ -539,7 +648,9 @@ class ReferenceAdapter:
 
     name: str = "reference"
     router_class: type[PushRouter] = PushRouter
-    capabilities: frozenset[Capability] = frozenset(Capability) - WIRE_ONLY
+    capabilities: frozenset[Capability] = (
+        frozenset(Capability) - WIRE_ONLY - {Capability.REAL_CLOCK}  # its clock is a MockClock
+    )
     expected_failures: Mapping[str, str] = attrs.field(factory=dict)
     cluster: ClusterFactory = in_process_cluster
     migration_class: type[Migration] = Migration

@@ -136,6 +136,24 @@ class ReferenceDiscovery:
         self._portal.call(start)
         return instance_id
 
+    def register_refusal(
+        self, endpoint: str, *, device: str = "cuda", host: str = "127.0.0.1"
+    ) -> str | None:
+        instance_id = self._fresh_id()
+        address = f"{host}:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
+        worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
+
+        async def start() -> str | None:
+            try:
+                await self._nursery.start(self._run, worker)
+            except DiscoveryError as refused:  # DSC-015: the store's own registration refused
+                return refused.field
+            self._workers[instance_id] = worker
+            self._endpoints[instance_id] = endpoint
+            return None
+
+        return self._portal.call(start)
+
     def _fresh_id(self) -> int:
         while (instance_id := self._ids.getrandbits(64)) in self._endpoints:
             pass

@@ -10,6 +10,8 @@ waiting for them in real time, since the portal's clock is a mock that only move
 from __future__ import annotations
 
 import contextlib
+import itertools
+import resource
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -23,9 +25,17 @@ from routespec.testing import drill_process
 from routespec.testing.drill_server import DrillWorkerServer, serve_black_hole
 from routespec.testing.portal import TrioPortal
 from routespec.testing.scripted import ScriptedWorker
-from routespec.testing.target import Capability, Delivery, WorkerScript
-from routespec.transport.connection import LOOPBACK
+from routespec.testing.target import (
+    Capability,
+    Delivery,
+    HeldConnection,
+    WorkerBounds,
+    WorkerScript,
+)
+from routespec.transport.connection import CONNECTION_ERRORS, LOOPBACK, FramedConnection
+from routespec.transport.frames import WireProtocolError
 from routespec.transport.tcp_dispatch import TcpDispatch
+from routespec.transport.worker_server import WorkerLimits
 
 PROCESS_WAIT = 20.0
 """Real seconds to wait for a worker process to start, to report on a request, or to exit."""
@@ -76,6 +86,35 @@ class WorkerProcess:
                 self.reported.add(request_id)
 
 
+@attrs.define
+class RawConnection:
+    """A request-plane connection the suite holds open to a worker, and what came back."""
+
+    stream: trio.SocketStream
+    acks: list[str] = attrs.field(factory=list)
+    closed: bool = False
+
+    async def read_acks(self) -> None:
+        """Collect ACKs until the worker closes the connection (or the suite does)."""
+        framed = FramedConnection(self.stream)
+        try:
+            while True:
+                self.acks.append(await framed.read_ack())
+        except (WireProtocolError, *CONNECTION_ERRORS):
+            self.closed = True
+        finally:  # closed by the worker, the suite, or the end of the target's run
+            self.stream.socket.close()
+
+    def view(self) -> HeldConnection:
+        return HeldConnection(tuple(self.acks), self.closed)
+
+
+def worker_limits(bounds: WorkerBounds) -> WorkerLimits:
+    """The server's limits: those ``bounds`` sets, the server's own defaults for the rest."""
+    given = {name: value for name, value in attrs.asdict(bounds).items() if value is not None}
+    return WorkerLimits(**given)
+
+
 class TcpCluster:
     """One ``DrillWorkerServer`` per worker and one ``TcpDispatch``, all in the portal's run."""
 
@@ -85,6 +124,8 @@ class TcpCluster:
         self._processes: dict[int, WorkerProcess] = {}
         self._progress = trio.Event()  # set, then replaced, whenever a process reports
         self._black_hole: str | None = None
+        self._held: dict[int, RawConnection] = {}
+        self._handles = itertools.count(1)
         self.transport = portal.call(self._open_dispatch)
 
     async def _open_dispatch(self) -> TcpDispatch:
@@ -100,11 +141,43 @@ class TcpCluster:
     def inflight(self) -> InflightGauge:
         return self.transport.inflight
 
-    async def serve(self, worker_id: int, worker: ScriptedWorker) -> str:
-        server = DrillWorkerServer()
+    async def serve(
+        self, worker_id: int, worker: ScriptedWorker, limits: WorkerLimits | None = None
+    ) -> str:
+        server = DrillWorkerServer(limits=limits)
         await self._portal.nursery.start(server.run)
         self._servers[worker_id] = server
         return server.serve(f"{ENDPOINT}/{worker_id:x}", worker)
+
+    async def serve_bounded(
+        self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
+    ) -> str:
+        return await self.serve(worker_id, worker, worker_limits(bounds))
+
+    def open_file_limit(self, worker_id: int) -> int:
+        if worker_id in self._processes:
+            raise NotImplementedError("a worker process keeps its limits to itself")
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # its server runs in this process
+
+    async def connect(self, worker_id: int) -> int:
+        port = self._port(worker_id)
+        if port is None:
+            raise RuntimeError(f"worker {worker_id} is not listening")
+        stream = await trio.open_tcp_stream(LOOPBACK, port)
+        handle = next(self._handles)
+        self._held[handle] = connection = RawConnection(stream)
+        self._portal.nursery.start_soon(connection.read_acks)
+        return handle
+
+    async def write(self, connection: int, data: bytes) -> None:
+        with contextlib.suppress(*CONNECTION_ERRORS):  # the worker closed it: read_acks saw
+            await self._held[connection].stream.send_all(data)
+
+    def held(self, connection: int) -> HeldConnection:
+        return self._held[connection].view()
+
+    async def disconnect(self, connection: int) -> None:
+        await self._held[connection].stream.aclose()
 
     async def serve_process(self, worker_id: int, script: WorkerScript, log: list[Delivery]) -> str:
         path = f"{ENDPOINT}/{worker_id:x}"
@@ -211,6 +284,6 @@ def tcp_cluster(portal: TrioPortal) -> Cluster:
 
 ADAPTER = ReferenceAdapter(
     name="reference-tcp",
-    capabilities=frozenset(Capability),
+    capabilities=frozenset(Capability) - {Capability.REAL_CLOCK},  # its clock is a MockClock
     cluster=tcp_cluster,
 )

@@ -24,6 +24,12 @@ class TargetMachine(RuleBasedStateMachine):
     def has(self, capability: Capability) -> bool:
         return capability in self.caps
 
+    def diverges(self, check: str) -> bool:
+        """Whether the adapter documents ``check`` (a check name, any parameters) as an
+        expected failure: a step that would only repeat that known divergence is left out, so
+        the machine goes on searching the rest (the check itself gives the verdict)."""
+        return any(name.partition("[")[0] == check for name in self.adapter.expected_failures)
+
     def open(self, config: TargetConfig) -> Target:
         self.context = self.adapter.open(config)
         self.target = self.context.__enter__()

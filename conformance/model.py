@@ -257,7 +257,7 @@ class RouterModel:
         ]
         scope = "DSP-005" if plan.allowed is None else "DSP-006"
         if not candidates:
-            return "untyped", (*plan.because, scope, "DSP-008", "FLT-008")
+            return "Unavailable", (*plan.because, scope, "DSP-008", "FLT-008")
         fallback = candidates[0]
         if not self.workers[fallback].record:
             return "CannotConnect", (*plan.because, scope, "DSP-007", "FLT-008")

@@ -22,6 +22,11 @@ ID_PATTERN = r"[A-Z]{2,4}-\d{3}"
 _HEADING = re.compile(rf"^### (?P<id>{ID_PATTERN}) · (?P<title>.+?) \{{ #(?P<anchor>\S+) \}}$")
 _LEVEL = re.compile(r"^\*\*(?P<level>MUST|SHOULD)\*\* · (?P<status>stable|provisional|retired)$")
 _RATIONALE = "*Rationale.*"
+# The Dynamo release every rule was checked against, and the optional verdict paragraph a
+# block carries where that release does otherwise (spec/conventions.md).
+DYNAMO_VERSION = "1.6.1"
+DYNAMO_VERDICTS = ("strengthening", "changed", "not reachable")
+_DYNAMO = re.compile(r"^\*Dynamo (?P<version>[0-9.]+): (?P<verdict>[a-z ]+)\.\*")
 _ID_ANYWHERE = re.compile(rf"\b{ID_PATTERN}\b")
 
 
@@ -38,6 +43,7 @@ class Requirement:
     statement: str
     rationale: str
     page: str  # spec page file name, e.g. "dispatch.md"
+    dynamo: str | None = None  # a DYNAMO_VERDICTS entry; None: no divergence from Dynamo
 
     @property
     def checked(self) -> bool:
@@ -92,7 +98,27 @@ def _parse_page(page: Path) -> Iterator[Requirement]:
             statement,
             rationale.removeprefix(_RATIONALE).strip(),
             page.name,
+            _dynamo_verdict(page.name, heading["id"], paragraphs[3:]),
         )
+
+
+def _dynamo_verdict(page: str, rid: str, paragraphs: list[str]) -> str | None:
+    """The block's ``*Dynamo 1.6.1: <verdict>.*`` paragraph, if it has one."""
+    for paragraph in paragraphs:
+        if not paragraph.startswith("*Dynamo"):
+            continue
+        found = _DYNAMO.match(paragraph)
+        if (
+            found is None
+            or found["version"] != DYNAMO_VERSION
+            or found["verdict"] not in DYNAMO_VERDICTS
+        ):
+            raise SpecFormatError(
+                f"{page}: {rid} Dynamo line must start '*Dynamo {DYNAMO_VERSION}: "
+                f"{'|'.join(DYNAMO_VERDICTS)}.*'"
+            )
+        return found["verdict"]
+    return None
 
 
 def _paragraphs(lines: list[str]) -> list[str]:
@@ -118,6 +144,9 @@ class CheckCitation:
 
     check: str  # "conformance/test_x.py::test_name"
     ids: tuple[str, ...]
+    deterministic: bool = True
+    """Its verdict depends on no random seed: not in a ``*_machine.py`` module (a stateful
+    machine), and not a Hypothesis ``@given`` test unless at least one ``@example`` pins it."""
 
 
 def scan_checks(conformance_dir: Path = CONFORMANCE_DIR) -> list[CheckCitation]:
@@ -131,8 +160,24 @@ def scan_checks(conformance_dir: Path = CONFORMANCE_DIR) -> list[CheckCitation]:
             ids = tuple(i for decorator in node.decorator_list for i in _covered_ids(decorator))
             if ids:
                 name = f"conformance/{module.name}::{node.name}"
-                citations.append(CheckCitation(name, ids))
+                deterministic = not module.stem.endswith("_machine") and _pinned(node)
+                citations.append(CheckCitation(name, ids, deterministic))
     return citations
+
+
+def _decorator_name(decorator: ast.expr) -> str | None:
+    """``given`` for ``@given(...)``, ``@hypothesis.given(...)`` or ``@given``."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    if isinstance(target, ast.Name):
+        return target.id
+    return target.attr if isinstance(target, ast.Attribute) else None
+
+
+def _pinned(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+    """Not a Hypothesis ``@given`` test, or one with at least one ``@example``: a fixed
+    input runs on every seed (issue 16: no verdict may depend on a seed alone)."""
+    names = {_decorator_name(decorator) for decorator in node.decorator_list}
+    return "given" not in names or "example" in names
 
 
 def _covered_ids(decorator: ast.expr) -> list[str]:

@@ -630,3 +630,58 @@ def test_a_skipped_record_is_reported_again_only_when_its_fault_changes(
     require_equal(
         "DSC-014", ids(store, watcher), {0xBAD}, "the record, usable again, is not listed"
     )
+
+
+# --- DSC-015: refused registrations ---
+
+UNREGISTRABLE = [
+    pytest.param(ENDPOINT, "gp u", "127.0.0.1", "--device-type", id="device-with-a-space"),
+    pytest.param(ENDPOINT, "", "127.0.0.1", "--device-type", id="empty-device"),
+    pytest.param(ENDPOINT, "d" * 65, "127.0.0.1", "--device-type", id="device-of-65"),
+    pytest.param(ENDPOINT, "cuda", "not a host!", "--host", id="host-not-a-name"),
+    pytest.param(ENDPOINT, "cuda", "", "--host", id="empty-host"),
+    pytest.param("dsc/backend/gen\x07", "cuda", "127.0.0.1", "--endpoint", id="unprintable"),
+]
+
+
+@covers("DSC-015")
+@requires(STORE)
+@pytest.mark.parametrize(("endpoint", "device", "host", "option"), UNREGISTRABLE)
+def test_a_record_watchers_would_skip_is_never_registered(
+    target: Target, endpoint: str, device: str, host: str, option: str
+) -> None:
+    """The registration is refused, naming the option at fault, and the endpoint's watcher
+    then lists, reports and skips nothing; the same worker with a device name (64
+    characters, the longest) and a host name registers and is listed."""
+    store = target.open_discovery()
+    delay = store.timing().propagation
+    watcher = store.watch(endpoint)
+    named = store.register_refusal(endpoint, device=device, host=host)
+    require_equal(
+        "DSC-015",
+        named,
+        option,
+        f"registering {endpoint!r} with device type {device!r} at host {host!r} should be "
+        f"refused naming {option}",
+    )
+    store.advance(2 * delay)
+    seen = (store.listed(watcher), store.events(watcher), store.skipped(watcher))
+    require_equal(
+        "DSC-015",
+        seen,
+        ({}, (), ()),
+        f"after the refused registration the watcher of {endpoint!r} lists, reports and "
+        f"skips (listed, events, skipped)",
+    )
+    usable = store.register_refusal(ENDPOINT, device="d" * 64, host="worker-1.example")
+    require_compare(
+        "DSC-015", usable, "is", None, f"a usable registration of {ENDPOINT} was refused"
+    )
+    if endpoint == ENDPOINT:
+        store.advance(2 * delay)
+        require_equal(
+            "DSC-015",
+            len(store.listed(watcher)),
+            1,
+            f"the usable registration of {ENDPOINT} is not listed by its watcher",
+        )

@@ -182,13 +182,13 @@ def test_resolution_precedes_the_overload_check_for_preselected(target: Target) 
 @covers("DSP-003")
 @requires(Capability.DIRECT_WITHIN, Capability.VANISH_WORKER, Capability.MARK_OVERLOADED)
 def test_resolution_precedes_the_overload_check_for_fallback(target: Target) -> None:
-    """An overloaded, vanished target falls back (to a free worker) or fails untyped: never
-    WorkerOverloaded for the worker that is gone."""
+    """An overloaded, vanished target falls back (to a free worker) or fails Unavailable:
+    never WorkerOverloaded for the worker that is gone."""
     vanished, other = target.add_worker(), target.add_worker()
     target.mark_overloaded(vanished, True)
     target.vanish_worker(vanished)
     succeeds_on(target, DirectWithin(vanished, frozenset({other})), {other}, "DSP-003")
-    fails_untouched(target, DirectWithin(vanished, frozenset()), "DSP-003", None)
+    fails_untouched(target, DirectWithin(vanished, frozenset()), "DSP-003", "Unavailable")
 
 
 @covers("DSP-004")
@@ -319,12 +319,12 @@ def _no_candidate_cases() -> list[object]:
 @covers("DSP-008")
 @requires(Capability.DIRECT_WITHIN, Capability.VANISH_WORKER)
 @pytest.mark.parametrize("case", _no_candidate_cases())
-def test_no_fallback_candidate_stays_untyped(
+def test_no_fallback_candidate_is_unavailable(
     target: Target, case: Callable[[Target, int, list[int]], Call]
 ) -> None:
     vanished, *others = (target.add_worker() for _ in range(3))
     target.vanish_worker(vanished)
-    fails_untouched(target, case(target, vanished, others), "DSP-008", None)
+    fails_untouched(target, case(target, vanished, others), "DSP-008", "Unavailable")
     require_false(
         "DSP-008",
         target.dispatch_log(),
@@ -335,11 +335,11 @@ def test_no_fallback_candidate_stays_untyped(
 @covers("DSP-008")
 @requires(Capability.VANISH_WORKER)
 @pytest.mark.parametrize("mode", BUILTIN_MODES)
-def test_generate_without_a_fallback_candidate_stays_untyped(target: Target, mode: str) -> None:
+def test_generate_without_a_fallback_candidate_is_unavailable(target: Target, mode: str) -> None:
     """The only free worker is selected but has vanished: ordinary fallback finds nobody."""
     only = target.add_worker()
     target.vanish_worker(only)
-    fails_untouched(target, Generate(mode), "DSP-008", None)
+    fails_untouched(target, Generate(mode), "DSP-008", "Unavailable")
 
 
 # --- DSP-009 ---

@@ -54,6 +54,7 @@ from routespec.testing.target import (
 
 ERROR_LABELS: tuple[str | None, ...] = (None, *oracle.TYPE_LABELS)
 UNKNOWN_WORKER = 999_999
+SEL_002_CHECK = "conformance/test_selection.py::test_kv_and_direct_are_refused"
 TIMED_CAUSES = frozenset(
     {
         Capability.SCRIPT_FAILURES,
@@ -256,7 +257,7 @@ class DispatchMachine(TargetMachine):
     @rule(mode=st.sampled_from(BUILTIN_MODES + REFUSED_MODES))
     def generate(self, mode: str) -> None:
         if mode in REFUSED_MODES:
-            if not self.has(Capability.REFUSES_KV_AND_DIRECT):
+            if not self.has(Capability.REFUSES_KV_AND_DIRECT) or self.diverges(SEL_002_CHECK):
                 return
         elif Capability(f"mode:{mode}") not in self.caps:
             return

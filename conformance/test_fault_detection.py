@@ -22,10 +22,19 @@ from routespec.conformance.checks import (
     requires,
 )
 from routespec.conformance.plugin import OpenTarget
-from routespec.conformance.scenario import finished, reached, shows, spec_of
+from routespec.conformance.scenario import (
+    BUILTIN_MODES,
+    finished,
+    reached,
+    shows,
+    shows_outer,
+    spec_of,
+)
 from routespec.testing.target import (
+    Call,
     Capability,
     Direct,
+    DirectWithin,
     ErrorSpec,
     FailBeforeStream,
     FailMidStream,
@@ -473,4 +482,152 @@ def test_the_caller_sees_the_error_unchanged(
         where == "before-stream",
         f"the worker failed {where}; the caller saw the error "
         f"{'before the stream' if outcome.error.pre_stream else 'as a stream item'}",
+    )
+
+
+# --- FLT-009 ---
+
+OFF = TargetConfig(fault_detection=False)
+
+
+@covers("FLT-009")
+@requires(Capability.CONFIGURE_INHIBITION, Capability.DIRECT, Capability.MARK_OVERLOADED)
+def test_fault_detection_off_skips_the_overload_check(open_target: OpenTarget) -> None:
+    with open_target(OFF) as target:
+        worker = target.add_worker()
+        target.mark_overloaded(worker, True)
+        request = target.submit(Direct(worker))
+        outcome = finished(target, request, "FLT-009")
+        require(
+            "FLT-009",
+            outcome.error is None and reached(target, request) == [worker],
+            f"with fault detection off, a direct request to overloaded worker {worker} ended "
+            f"{outcome}, reaching {reached(target, request)}; expected it served by {worker}",
+        )
+
+
+@covers("FLT-009")
+@requires(
+    Capability.CONFIGURE_INHIBITION,
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.OBSERVE_WORKER_SETS,
+)
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("label", ["Disconnected", "WorkerOverloaded", "Backend(EngineShutdown)"])
+def test_fault_detection_off_leaves_the_sets_alone(
+    open_target: OpenTarget, label: str, where: str
+) -> None:
+    with open_target(OFF) as target:
+        worker = target.add_worker()
+        target.add_worker()  # a second worker, so the sets are not trivially one
+        before = target.worker_sets()
+        fail_once(target, worker, failing(where, ErrorSpec(label)), "FLT-009")
+        after = target.worker_sets()
+        require_equal(
+            "FLT-009",
+            (after.routable, after.overloaded),
+            (before.routable, before.overloaded),
+            f"with fault detection off, {label} ({where}) from worker {worker} changed the "
+            "(routable, overloaded) sets",
+        )
+
+
+@covers("FLT-009", "TMO-006")
+@requires(
+    Capability.CONFIGURE_INHIBITION,
+    Capability.DIRECT,
+    Capability.SCRIPT_STALL,
+    Capability.MOCK_CLOCK,
+    Capability.OBSERVE_WORKER_SETS,
+)
+def test_fault_detection_off_a_timeout_reports_nobody_down(open_target: OpenTarget) -> None:
+    """The inactivity deadline still ends the stream, but reports nobody down."""
+    with open_target(OFF) as target:
+        worker, other = target.add_worker(), target.add_worker()
+        target.script_worker(worker, Stall(items=1))
+        request = target.submit(Direct(worker))
+        target.advance_time(301.0)  # past the default inactivity deadline (TMO-005)
+        outcome = finished(target, request, "FLT-009")
+        require(
+            "FLT-009",
+            outcome.error is not None and shows_outer(outcome.error, "ResponseTimeout"),
+            f"a stalled stream past its inactivity deadline ended {outcome}; "
+            "expected ResponseTimeout",
+        )
+        sets = target.worker_sets()
+        require_equal(
+            "FLT-009",
+            sets.routable,
+            {worker, other},
+            f"with fault detection off, the timeout of worker {worker} changed routable",
+        )
+
+
+# --- FLT-008 ---
+
+
+def fails_at_resolution(target: Target, call: Call, what: str) -> None:
+    """The dispatch fails before any stream and reaches no worker (its error's type is
+    DSP-002, DSP-007 and DSP-008's matter, not this rule's)."""
+    request = target.submit(call)
+    outcome = finished(target, request, "FLT-008")
+    require(
+        "FLT-008",
+        outcome.error is not None and outcome.error.pre_stream and not reached(target, request),
+        f"{what}: expected a failure at resolution reaching no worker; got {outcome}, "
+        f"reached {reached(target, request)}",
+    )
+
+
+@covers("FLT-008")
+@requires(
+    Capability.DIRECT,
+    Capability.DIRECT_WITHIN,
+    Capability.VANISH_WORKER,
+    Capability.MARK_OVERLOADED,
+    Capability.OBSERVE_WORKER_SETS,
+)
+def test_a_failed_resolution_changes_no_set(target: Target) -> None:
+    """Each way a dispatch can fail at transport resolution — the target without a record,
+    the fallback without one, no fallback candidate at all — leaves routable and overloaded
+    as they were (a vanished worker stays routable; an overloaded one stays overloaded)."""
+    vanished, fallback, overloaded, _free = (target.add_worker() for _ in range(4))
+    target.mark_overloaded(overloaded, True)
+    target.vanish_worker(vanished)
+    target.vanish_worker(fallback)
+    before = target.worker_sets()
+    cases: list[tuple[Call, str]] = [
+        (Direct(vanished), "direct to a vanished worker"),
+        (DirectWithin(vanished, frozenset({fallback})), "a vanished fallback"),
+        (DirectWithin(vanished, frozenset()), "no fallback allowed"),
+        (DirectWithin(vanished, frozenset({overloaded})), "only an overloaded fallback"),
+    ]
+    for call, what in cases:
+        fails_at_resolution(target, call, what)
+        after = target.worker_sets()
+        require_equal(
+            "FLT-008",
+            (after.routable, after.overloaded),
+            (before.routable, before.overloaded),
+            f"{what} ({call}) changed the sets from {before} to {after}",
+        )
+
+
+@covers("FLT-008")
+@requires(Capability.VANISH_WORKER, Capability.OBSERVE_WORKER_SETS)
+@pytest.mark.parametrize("mode", BUILTIN_MODES)
+def test_generate_failing_at_resolution_changes_no_set(target: Target, mode: str) -> None:
+    """The only worker is selected but has vanished: no fallback candidate exists, and the
+    worker is neither inhibited nor leased as overloaded."""
+    only = target.add_worker()
+    target.vanish_worker(only)
+    before = target.worker_sets()
+    fails_at_resolution(target, Generate(mode), f"{mode} to a vanished only worker")
+    after = target.worker_sets()
+    require_equal(
+        "FLT-008",
+        (after.routable, after.overloaded),
+        (before.routable, before.overloaded),
+        f"{mode} failing at resolution changed the sets from {before} to {after}",
     )

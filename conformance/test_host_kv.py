@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from routespec.conformance.checks import covers, require, require_compare, require_equal, requires
 from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
 from routespec.conformance.plugin import OpenTarget
-from routespec.conformance.scenario import reached
+from routespec.conformance.scenario import finished, reached, shows_outer
 from routespec.testing.target import (
     Capability,
     ErrorSpec,
@@ -552,29 +552,41 @@ def test_the_prefill_busy_probe_answers_from_bookings(target: Target) -> None:
     )
 
 
-@covers("KVS-013")
-@requires(HOST, Capability.SCRIPT_STALL, Capability.VANISH_WORKER, Capability.REMOVE_WORKER)
-def test_a_kv_decision_follows_transport_fallback(target: Target) -> None:
+@covers("KVS-016")
+@requires(HOST, Capability.VANISH_WORKER, Capability.REMOVE_WORKER)
+def test_a_kv_admitted_dispatch_is_exact(target: Target) -> None:
     pool = workers(target, 3)
-    host = host_of(target, "KVS-013", HostConfig(policy="kv", block_size=4))
+    host = host_of(target, "KVS-016", HostConfig(policy="kv", block_size=4))
     prompt = HostRoute(tokens=tuple(range(8)))
     (cached,) = reached(target, host.route(prompt))  # now strictly the cheapest for it
-    fallback = min(w for w in pool if w != cached)  # where transport fallback goes first
     target.vanish_worker(cached)  # still listed, so still selected; its transport is gone
-    for worker in pool:
-        target.script_worker(worker, Stall(0))
-    went = reached(target, host.route(prompt))
-    booked = host.bookings()
-    target.release_stalled(fallback)
+    request = host.route(prompt)
+    outcome = finished(target, request, "KVS-016")
+    went, booked = reached(target, request), host.bookings()
     target.remove_worker(cached)
-    again = [planned(host.preview(prompt), "KVS-013").worker_id for _ in range(8)]
     require(
-        "KVS-013",
-        went == [fallback] and booked == {fallback: 1} and again == [fallback] * 8,
-        f"{cached} was selected but its transport is gone, so fallback sent the request to "
-        f"{fallback} (reached {went}): the booking should sit there (bookings {booked}) and "
-        f"the prompt's blocks be credited to it, so later previews pick it (they picked "
-        f"{again})",
+        "KVS-016",
+        shows_outer(outcome.error, "CannotConnect") and went == [] and not any(booked.values()),
+        f"{cached} was admitted but its transport is gone: the request should fail with "
+        f"CannotConnect, reach no worker and hold no booking; it ended {outcome}, reached "
+        f"{went}, bookings {booked} (pool {pool})",
+    )
+
+
+@covers("KVS-016")
+@requires(HOST, Capability.MARK_OVERLOADED)
+def test_a_kv_admitted_dispatch_skips_the_overload_check(target: Target) -> None:
+    pinned, _other = workers(target, 2)
+    host = host_of(target, "KVS-016", HostConfig(policy="kv", block_size=4))
+    target.mark_overloaded(pinned, True)
+    request = host.route(HostRoute(tokens=(1, 2, 3, 4), backend_instance_id=pinned))
+    outcome = finished(target, request, "KVS-016")
+    require(
+        "KVS-016",
+        outcome.error is None and reached(target, request) == [pinned],
+        f"the KV policy admitted pinned worker {pinned}; marked overloaded, it should still be "
+        f"reached (admission already booked it): the request ended {outcome}, reaching "
+        f"{reached(target, request)}",
     )
 
 

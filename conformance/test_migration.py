@@ -145,7 +145,7 @@ def test_other_failures_pass_through(target: Target, label: str | None) -> None:
 
 @covers("MIG-004", "MIG-010")
 @requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
-@pytest.mark.parametrize("limit", [0, 1, 2, 2**64 - 1])
+@pytest.mark.parametrize("limit", [0, 1, 2, 2**32 - 1])  # MIG-004: a u32, as Dynamo's
 def test_attempts_are_bounded_and_never_repeat_a_worker(target: Target, limit: int) -> None:
     workers = cluster(target, *(FailBeforeStream(ErrorSpec("Disconnected")) for _ in range(4)))
     request = target.submit(Migrate(limit=limit))
@@ -165,14 +165,24 @@ def test_attempts_are_bounded_and_never_repeat_a_worker(target: Target, limit: i
 
 
 @covers("MIG-012")
-@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.SCRIPT_REJECTION)
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
 @pytest.mark.parametrize(
     ("script", "expected", "message"),
     [
-        (Reject(overloaded=True), "ResourceExhausted", "rejected the request as overloaded"),
-        (FailBeforeStream(ErrorSpec("Disconnected")), "Unavailable", "no untried eligible"),
+        pytest.param(
+            Reject(overloaded=True),
+            "ResourceExhausted",
+            "rejected the request as overloaded",
+            id="overloaded",
+            marks=pytest.mark.requires(Capability.SCRIPT_REJECTION),
+        ),
+        pytest.param(
+            FailBeforeStream(ErrorSpec("Disconnected")),
+            "Unavailable",
+            "no untried eligible",
+            id="failed",
+        ),
     ],
-    ids=["overloaded", "failed"],
 )
 def test_an_exhausted_eligible_set_ends_migration(
     target: Target, script: WorkerScript, expected: str, message: str
@@ -380,4 +390,38 @@ def test_one_set_decides_transport_and_migration(target: Target, label: str) -> 
         blocked,
         f"{label}: the transport {'withholds' if withheld else 'keeps'} it as a pre-stream "
         f"cause, but migration {'refuses' if blocked else 'retries'} an error item carrying it",
+    )
+
+
+# --- MIG-016 ---
+
+BLOCKING_REASONS = ("request.cancelled", "backend.cancelled", "capacity.pool_exhausted",
+                    "capacity.exhausted")  # fmt: skip
+
+
+@covers("MIG-016")
+@requires(
+    Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.SCRIPT_REASONS, Capability.DIRECT
+)
+@pytest.mark.parametrize("wrapped", [False, True], ids=["alone", "under-Disconnected"])
+@pytest.mark.parametrize("reason", BLOCKING_REASONS)
+@pytest.mark.parametrize("label", ["Disconnected", "WorkerOverloaded", "Backend(EngineShutdown)"])
+def test_a_blocking_reason_vetoes_migration(
+    target: Target, label: str, reason: str, wrapped: bool
+) -> None:
+    """A migratable type carrying a blocking reason, on the only link or under a migratable
+    wrapper: the request ends with it, unretried."""
+    error = ErrorSpec(label, reason=reason)
+    if wrapped:
+        error = ErrorSpec("Disconnected", cause=error)
+    failing, _ = cluster(target, FailMidStream(2, error), Serve())
+    request = target.submit(Migrate(mode="round-robin", limit=3, pin=None))
+    outcome = finished(target, request, "MIG-016")
+    require(
+        "MIG-016",
+        deliveries(target, request) == [failing]
+        and outcome.error is not None
+        and tokens(outcome) == EXPECTED[:2],
+        f"worker {failing} failed after 2 tokens with {error}; the blocking reason {reason} "
+        f"should end the request unretried; reached {deliveries(target, request)}, got {outcome}",
     )

@@ -7,7 +7,8 @@ occupancy without depending on the mode under test.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 
 import pytest
 
@@ -364,6 +365,9 @@ def _expected_group(
     return set(cpu) if cpu_load < budget else set(non_cpu)
 
 
+MIXED_LAYOUTS = [("cpu", "cuda", "cuda"), ("cuda", "cpu", "cpu"), ("cpu", "cuda")]
+
+
 @covers("SEL-010")
 @requires(
     Capability.DEVICE_AWARE_WEIGHTED,
@@ -373,17 +377,62 @@ def _expected_group(
     Capability.OBSERVE_OCCUPANCY,
 )
 @pytest.mark.parametrize(
-    "layout",
-    [
-        ("cpu", "cuda", "cuda"),
-        ("cuda", "cpu", "cpu"),
-        ("cpu", "cuda"),
-        ("cpu", "cpu"),
-        ("cuda", "cuda", "cuda"),
-    ],
-    ids="-".join,
+    "layout", [*MIXED_LAYOUTS, ("cpu", "cpu"), ("cuda", "cuda", "cuda")], ids="-".join
 )
 def test_device_aware_weighs_device_groups(target: Target, layout: tuple[str, ...]) -> None:
+    weighs_device_groups(target, layout, ratio=8)
+
+
+@contextmanager
+def built(open_target: OpenTarget, config: TargetConfig, requirement: str) -> Iterator[Target]:
+    """A target opened with ``config``, which the spec says must be accepted."""
+    with ExitStack() as stack:
+        try:
+            target = stack.enter_context(open_target(config))
+        except Exception as error:
+            raise RequirementViolation(
+                requirement, f"a router with {config} should be built; it was refused: {error!r}"
+            ) from error
+        yield target
+
+
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_OCCUPANCY,
+)
+@pytest.mark.parametrize("layout", MIXED_LAYOUTS, ids="-".join)
+@pytest.mark.parametrize("ratio", [1, 2], ids=lambda ratio: f"ratio-{ratio}")
+def test_device_aware_applies_its_ratio(
+    open_target: OpenTarget, ratio: int, layout: tuple[str, ...]
+) -> None:
+    """The lower bound 1 and the value just over it are each built and applied as set."""
+    with built(open_target, TargetConfig(device_ratio=ratio), "SEL-010") as target:
+        weighs_device_groups(target, layout, ratio)
+
+
+@covers("SEL-010")
+@requires(Capability.DEVICE_AWARE_WEIGHTED)
+@pytest.mark.parametrize("ratio", [0, -1], ids=lambda ratio: f"ratio-{ratio}")
+def test_a_ratio_below_one_is_refused(open_target: OpenTarget, ratio: int) -> None:
+    try:
+        with open_target(TargetConfig(device_ratio=ratio)):
+            refused: Exception | None = None
+    except Exception as error:  # the spec names no type for the refusal
+        refused = error
+    require(
+        "SEL-010",
+        refused is not None,
+        f"device_ratio={ratio} is below 1, yet a router with it was built",
+        expected="refused when the router is built",
+        actual="built",
+    )
+
+
+def weighs_device_groups(target: Target, layout: tuple[str, ...], ratio: int) -> None:
     devices = {target.add_worker(device=device): device for device in layout}
     workers = list(devices)
     book(target, workers[-1], 2)
@@ -392,14 +441,14 @@ def test_device_aware_weighs_device_groups(target: Target, layout: tuple[str, ..
     groups_used: set[str] = set()
     for step in range(40):
         before = loads(target)
-        group = _expected_group(before, devices, ratio=8)
+        group = _expected_group(before, devices, ratio)
         minimum = min(before.get(w, 0) for w in group)
         worker = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
         require(
             "SEL-010",
             worker in group and before.get(worker, 0) == minimum,
-            f"step {step}: devices {devices}, occupancy {before}: expected a least-loaded "
-            f"worker of {sorted(group)} (load {minimum}), got {worker} "
+            f"step {step}: ratio {ratio}, devices {devices}, occupancy {before}: expected a "
+            f"least-loaded worker of {sorted(group)} (load {minimum}), got {worker} "
             f"(load {before.get(worker, 0)})",
         )
         groups_used.add(devices[worker])
@@ -438,6 +487,19 @@ def test_occupancy_modes_book_the_selected_worker(target: Target, mode: str) -> 
             f"generate({mode}) reached {worker} and stays open: occupancy went {before} -> "
             f"{after}, expected {expected}",
         )
+    # The cancellation path too: a stream the caller drops is no longer open.
+    dropped = requests.pop(0)
+    worker = only_worker(target, dropped, "SEL-011")
+    before = loads(target)
+    target.drop(dropped)
+    expected = {w: n for w, n in {**before, worker: before[worker] - 1}.items() if n}
+    require_equal(
+        "SEL-011",
+        loads(target),
+        expected,
+        f"generate({mode}): the caller dropped {dropped} on {worker}; occupancy went {before} "
+        f"-> {loads(target)}, expected {expected}",
+    )
     release_all(target, workers)
     for request in requests:
         outcome = finished(target, request, "SEL-011")

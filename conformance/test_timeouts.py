@@ -11,12 +11,18 @@ fraction, so the boundaries are exact on the mock clock.
 
 from __future__ import annotations
 
+import math
 import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import attrs
 import pytest
 
 from routespec.conformance.checks import (
+    RequirementViolation,
     covers,
     require,
     require_compare,
@@ -358,21 +364,62 @@ def test_no_request_waits_forever_by_default(target: Target, adapter: Adapter) -
 
 # --- TMO-010 ---
 
+SUB_SECOND = 0.25  # a setting under 1 s must be applied too, not only whole seconds
+DEADLINE_FIELDS = tuple(attrs.fields_dict(Timeouts))
+TINY = 2.0**-20  # just over the lower bound 0
+# Both sides of each bound: (0, inf) open, so 0 and inf are refused, the values next to them
+# accepted; NaN is no number of seconds at all.
+REFUSED_DEADLINES = {
+    "zero": 0.0,
+    "just-under-zero": -TINY,
+    "negative": -1.0,
+    "inf": math.inf,
+    "minus-inf": -math.inf,
+    "nan": math.nan,
+}
+ACCEPTED_DEADLINES = {"tiny": TINY, "half": 0.5, "one": 1.0, "largest-finite": sys.float_info.max}
+
+
+def refusal(open_target: OpenTarget, config: TargetConfig) -> Exception | None:
+    """What building a router with ``config`` failed with, or None if it was built."""
+    try:
+        with open_target(config):
+            return None
+    except Exception as error:  # the spec names no type for the refusal
+        return error
+
+
+@contextmanager
+def built(open_target: OpenTarget, config: TargetConfig, requirement: str) -> Iterator[Target]:
+    """A target opened with ``config``, which the spec says must be accepted."""
+    with ExitStack() as stack:
+        try:
+            target = stack.enter_context(open_target(config))
+        except Exception as error:
+            raise RequirementViolation(
+                requirement, f"a router with {config} should be built; it was refused: {error!r}"
+            ) from error
+        yield target
+
 
 @covers("TMO-010")
 @requires(Capability.DIRECT, Capability.MOCK_CLOCK, Capability.CONFIGURE_TIMEOUTS)
+@pytest.mark.parametrize("seconds", ["custom", SUB_SECOND])
 @pytest.mark.parametrize("stage", STAGE_PARAMS)
-def test_deadlines_are_set_per_router(open_target: OpenTarget, stage: Stage) -> None:
-    timeouts = Timeouts(**{stage.field: stage.custom})
-    with open_target(TargetConfig(timeouts=timeouts)) as target:
+def test_deadlines_are_set_per_router(
+    open_target: OpenTarget, stage: Stage, seconds: float | str
+) -> None:
+    deadline = stage.custom if seconds == "custom" else float(seconds)
+    timeouts = Timeouts(**{stage.field: deadline})
+    with built(open_target, TargetConfig(timeouts=timeouts), "TMO-010") as target:
         request = target.submit(Direct(silent_worker(target, stage)))
-        target.advance_time(stage.custom - EARLY)
+        target.advance_time(deadline - EARLY)
         require_compare(
             "TMO-010",
             target.outcome(request),
             "is",
             None,
-            f"{stage.field} set to {stage.custom} s: the request ended before that",
+            f"{stage.field} set to {deadline} s: the request ended before that",
         )
         target.advance_time(2 * EARLY)
         outcome = target.outcome(request)
@@ -381,11 +428,49 @@ def test_deadlines_are_set_per_router(open_target: OpenTarget, stage: Stage) -> 
             outcome is not None
             and outcome.error is not None
             and shows_outer(outcome.error, stage.error),
-            f"{stage.field} set to {stage.custom} s: a worker silent at the {stage.name} stage "
+            f"{stage.field} set to {deadline} s: a worker silent at the {stage.name} stage "
             f"should have timed out {EARLY} s after it; got {outcome}",
-            expected=f"{stage.error} after {stage.custom} s",
+            expected=f"{stage.error} after {deadline} s",
             actual=outcome,
         )
+
+
+@covers("TMO-010")
+@requires(Capability.CONFIGURE_TIMEOUTS)
+@pytest.mark.parametrize("value", REFUSED_DEADLINES.values(), ids=REFUSED_DEADLINES.keys())
+def test_a_deadline_out_of_range_is_refused(open_target: OpenTarget, value: float) -> None:
+    built_with = [
+        field
+        for field in DEADLINE_FIELDS
+        if refusal(open_target, TargetConfig(timeouts=Timeouts(**{field: value}))) is None
+    ]
+    require(
+        "TMO-010",
+        not built_with,
+        f"a deadline of {value} s is not a positive finite number of seconds, yet a router "
+        f"with it as {built_with} was built",
+        expected=f"every deadline of {value} s refused when the router is built",
+        actual=f"built with it as {built_with}",
+    )
+
+
+@covers("TMO-010")
+@requires(Capability.CONFIGURE_TIMEOUTS)
+@pytest.mark.parametrize("value", ACCEPTED_DEADLINES.values(), ids=ACCEPTED_DEADLINES.keys())
+def test_a_deadline_in_range_is_accepted(open_target: OpenTarget, value: float) -> None:
+    refused = {
+        field: error
+        for field in DEADLINE_FIELDS
+        if (error := refusal(open_target, TargetConfig(timeouts=Timeouts(**{field: value}))))
+    }
+    require(
+        "TMO-010",
+        not refused,
+        f"a deadline of {value} s is positive and finite, yet a router with it was refused: "
+        f"{refused}",
+        expected=f"every deadline of {value} s accepted",
+        actual=refused,
+    )
 
 
 # --- TMO-011 ---
@@ -483,3 +568,113 @@ def test_an_exhausted_migration_names_a_timeout(target: Target) -> None:
         "(ConnectionTimeout)",
         actual=outcome.error.describe() if outcome.error else outcome,
     )
+
+
+# --- TMO-001 … TMO-003, TMO-009 on real time ---
+#
+# A target whose clock the suite cannot move (real processes: Capability.REAL_CLOCK) is held
+# to the spec's defaults in real time, for the stages whose default is short enough to wait
+# out: each request must end with its stage's typed timeout no earlier than a margin before
+# the stage's deadline and no later than a margin after it. A request is timed from just
+# before ``submit`` to the first moment its outcome is seen (``submit`` itself returns once
+# the request has ended or stalls).
+
+REAL_MARGIN = 1.0  # real seconds either side of a deadline: two processes, a loaded machine
+REAL_SHORT = 10.0  # stages whose default is at most this are checked one by one
+REAL_LONG = 30.0  # TMO-009's real-time check waits out stages whose default is at most this
+REAL_POLL = 0.1
+
+
+@attrs.define
+class Timed:
+    """A request to a worker silent at ``stage``, sent at ``sent`` (monotonic seconds)."""
+
+    stage: Stage
+    request: str
+    sent: float
+    took: float | None = None  # seconds until its outcome was first seen
+
+
+def send_timed(target: Target, stage: Stage) -> Timed:
+    worker = silent_worker(target, stage)
+    sent = time.monotonic()
+    timed = Timed(stage, target.submit(Direct(worker)), sent)
+    if target.outcome(timed.request) is not None:
+        timed.took = time.monotonic() - sent
+    return timed
+
+
+def watch(target: Target, requests: list[Timed]) -> None:
+    """Poll every open request until it ends or a margin past its stage's deadline."""
+    while True:
+        now = time.monotonic()
+        waiting = [
+            t for t in requests if t.took is None and now < t.sent + t.stage.deadline + REAL_MARGIN
+        ]
+        if not waiting:
+            return
+        for timed in waiting:
+            if target.outcome(timed.request) is not None:
+                timed.took = time.monotonic() - timed.sent
+        time.sleep(REAL_POLL)
+
+
+def deviation(target: Target, timed: Timed) -> str | None:
+    """How the request missed its stage's typed timeout at the deadline, or None."""
+    stage, took = timed.stage, timed.took
+    outcome = target.outcome(timed.request)
+    if took is None or outcome is None:
+        return f"still open {stage.deadline + REAL_MARGIN} s on"
+    error = outcome.error
+    if error is None or error.pre_stream != stage.pre_stream or not shows_outer(error, stage.error):
+        shown = error.describe() if error is not None else f"{len(outcome.items)} items, no error"
+        return f"{shown} after {took:.2f} s"
+    if abs(took - stage.deadline) > REAL_MARGIN:
+        return f"{stage.error} after {took:.2f} s"
+    return None
+
+
+@covers("TMO-001", "TMO-002")
+@requires(Capability.DIRECT, Capability.REAL_CLOCK)
+@pytest.mark.parametrize("stage", [s.param() for s in STAGES if s.deadline <= REAL_SHORT])
+def test_a_silent_stage_ends_at_its_deadline_in_real_time(target: Target, stage: Stage) -> None:
+    timed = send_timed(target, stage)
+    watch(target, [timed])
+    missed = deviation(target, timed)
+    require(
+        stage.requirement,
+        missed is None,
+        f"a worker silent at the {stage.name} stage: the request should have ended with "
+        f"{stage.error} at its {stage.deadline} s default (± {REAL_MARGIN} s); {missed}",
+        expected=f"{stage.error} after {stage.deadline} s",
+        actual=missed,
+    )
+
+
+@covers("TMO-003", "TMO-009")
+@requires(Capability.DIRECT, Capability.REAL_CLOCK, Capability.SCRIPT_SILENCE)
+def test_no_request_waits_forever_in_real_time(target: Target, adapter: Adapter) -> None:
+    """Workers silent at every stage the adapter can stage whose default is at most
+    ``REAL_LONG``, all at once: each request ends with its stage's typed timeout at its
+    deadline."""
+    stages = [s for s in STAGES if s.capability in adapter.capabilities and s.deadline <= REAL_LONG]
+    requests = [send_timed(target, stage) for stage in stages]
+    watch(target, requests)
+    missed = {t.stage.name: deviation(target, t) for t in requests}
+    violations: list[RequirementViolation] = []  # each requirement judged, both reported
+    for requirement in ("TMO-003", "TMO-009"):  # the establish stages, then every stage
+        judged = [s for s in stages if requirement == "TMO-009" or s.requirement == requirement]
+        failed = "; ".join(f"{s.name}: {missed[s.name]}" for s in judged if missed[s.name])
+        try:
+            require(
+                requirement,
+                not failed,
+                "each request should end with its stage's typed timeout at its default "
+                f"deadline: {failed}",
+                expected=", ".join(f"{s.name}: {s.error} at {s.deadline} s" for s in judged),
+                actual=failed,
+            )
+        except RequirementViolation as violation:
+            violations.append(violation)
+    if violations:
+        raise ExceptionGroup("requests that missed their stage's deadline", violations)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from routespec.conformance import oracle
@@ -355,6 +355,12 @@ raw_bytes = st.one_of(
 @requires(Capability.DIRECT, Capability.WIRE_TRANSPORT)
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=raw_bytes, to_worker=st.booleans())
+@example(data=b"", to_worker=True)  # pinned: the declared lengths past every limit, both ports
+@example(data=PREFIXES[0], to_worker=True)
+@example(data=PREFIXES[1], to_worker=True)
+@example(data=PREFIXES[2], to_worker=True)
+@example(data=PREFIXES[2], to_worker=False)
+@example(data=b"\xff" * 300, to_worker=False)
 def test_bad_bytes_close_only_their_connection(
     target: Target, data: bytes, to_worker: bool
 ) -> None:
@@ -824,7 +830,10 @@ any_json = st.recursive(
 not_a_string = any_json.filter(lambda value: not isinstance(value, str))
 not_an_object = any_json.filter(lambda value: not isinstance(value, dict))
 not_unicode = st.builds(  # a lone surrogate: JSON can escape it, no UTF-8 codec can send it
-    str.__add__, st.text(max_size=4), st.text(st.characters(categories=["Cs"]), min_size=1)
+    # one only: a high surrogate followed by a low one is a valid pair once JSON-decoded
+    str.__add__,
+    st.text(max_size=4),
+    st.characters(categories=["Cs"]),
 )
 bad_ports = st.one_of(
     st.integers(max_value=0).map(str),
@@ -1029,6 +1038,14 @@ def a_worker(target: Target) -> int:
 
 
 MARKER = Unusable(("payload_codec",), "no-such-codec", False, "payload_codec", False)
+# Pinned (TRN-022, TRN-023): one unusable request of each kind of answer, in each stream.
+NO_ID = _unusable(("id",), False, (MISSING, None))
+NO_COLON = _unusable((RESPONSE_FIELD, "info", "address"), False, (BadAddress("", text="x"), None))
+PORT_ZERO = _unusable(
+    (REQUEST_STREAM_FIELD, "info", "address"), True, (BadAddress(PEER, "0"), None)
+)
+NON_STRING_METADATA = _unusable(("metadata",), False, ({"trace": 1}, None))
+OVERSIZED = _unusable(("metadata",), False, _oversized(CONTROL_LIMIT + 1))
 
 
 @covers("TRN-022")
@@ -1037,6 +1054,12 @@ MARKER = Unusable(("payload_codec",), "no-such-codec", False, "payload_codec", F
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(unusable=unusable_requests())
+@example(unusable=MARKER)
+@example(unusable=NO_ID)
+@example(unusable=NO_COLON)
+@example(unusable=PORT_ZERO)
+@example(unusable=NON_STRING_METADATA)
+@example(unusable=OVERSIZED)
 def test_an_unusable_request_fails_only_itself(target: Target, unusable: Unusable) -> None:
     """Each request is answered with a typed error naming the field at fault: a prologue
     ``InvalidArgument`` where its response address is usable, else a refusal at the ACK —
@@ -1090,6 +1113,10 @@ cut_requests = st.builds(  # a well-framed request that ends part-way
     max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sweep=every_unusable_kind(), noise=st.lists(raw_bytes | cut_requests, max_size=8))
+@example(
+    sweep=[MARKER, NO_ID, NO_COLON, PORT_ZERO, NON_STRING_METADATA, OVERSIZED],
+    noise=[*PREFIXES, b"", request_message(NO_ENDPOINT, NO_ID.control(9, "x"))[:40]],
+)
 def test_no_failure_escapes_a_connection(
     target: Target, sweep: list[Unusable], noise: list[bytes]
 ) -> None:
@@ -1160,3 +1187,26 @@ def test_a_worker_dials_back_only_to_the_request_peer(target: Target) -> None:
             if other is not None:
                 other.close()
     serves_again(target, worker, "TRN-027")
+
+
+@covers("TRN-006")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_FAILURES,
+    Capability.SCRIPT_REASONS,
+    Capability.OBSERVE_ERROR_TYPES,
+)
+@pytest.mark.parametrize("reason", ["capacity.exhausted", "request.cancelled"])
+def test_a_blocking_reason_is_withheld_before_the_stream(target: Target, reason: str) -> None:
+    """A migratable type with a blocking reason is as sensitive as a blocking type: the
+    transport keeps only its text, so the caller sees the outer CannotConnect alone."""
+    worker = target.add_worker()
+    target.script_worker(worker, FailBeforeStream(ErrorSpec("WorkerOverloaded", reason=reason)))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-006")
+    error = outcome.error
+    require(
+        "TRN-006",
+        error is not None and error.typed_chain == ("CannotConnect",),
+        f"worker {worker} failed before its stream with WorkerOverloaded (reason {reason}); "
+        f"the caller should see CannotConnect with no typed cause, got {outcome}",
+    )

@@ -6,18 +6,35 @@ transport record while discovery still lists it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from routespec.conformance.checks import covers, require_compare, require_equal, requires
+import pytest
+
+from routespec.conformance.checks import (
+    covers,
+    require,
+    require_compare,
+    require_equal,
+    require_false,
+    requires,
+)
+from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import (
+    finished,
     reached,
+    shows_outer,
 )
 from routespec.testing.target import (
     Capability,
     Direct,
     Generate,
+    LoadReport,
+    LoadThresholds,
     Reject,
     Target,
+    TargetConfig,
     WorkerSetsView,
 )
 
@@ -208,3 +225,265 @@ def test_free_is_routable_minus_overloaded(target: Target) -> None:
             expected,
             f"{context}: free is {sorted(view.free)}, expected {sorted(expected)} ({view})",
         )
+
+
+# --- SET-005, SET-006: busy thresholds ---
+
+DECODE = LoadThresholds(active_decode_blocks_threshold=0.5)
+PREFILL = LoadThresholds(active_prefill_tokens_threshold=100)
+PREFILL_FRAC = LoadThresholds(active_prefill_tokens_threshold_frac=0.5)
+ALL_THREE = LoadThresholds(0.5, 100, 0.5)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 10_000_000
+
+
+def decode(active: int, total: int = 10) -> LoadReport:
+    return LoadReport(active_decode_blocks=active, kv_total_blocks=total)
+
+
+def prefill(active: int, max_batched: int | None = None) -> LoadReport:
+    return LoadReport(active_prefill_tokens=active, max_num_batched_tokens=max_batched)
+
+
+def judged(
+    open_target: OpenTarget, thresholds: LoadThresholds, reports: Sequence[LoadReport | None]
+) -> tuple[list[int], frozenset[int]]:
+    """One worker per report (None: it never reports), each report delivered once; the
+    workers and the overloaded set read afterwards."""
+    with open_target(TargetConfig(load_thresholds=thresholds)) as target:
+        workers = [target.add_worker() for _ in reports]
+        for worker, report in zip(workers, reports, strict=True):
+            if report is not None:
+                target.report_load(worker, report)
+        return workers, target.worker_sets().overloaded
+
+
+def require_overloaded(
+    workers: Sequence[int],
+    overloaded: frozenset[int],
+    expected: Sequence[bool],
+    thresholds: LoadThresholds,
+    reports: Sequence[LoadReport | None],
+) -> None:
+    want = {worker for worker, busy in zip(workers, expected, strict=True) if busy}
+    require_equal(
+        "SET-005",
+        set(overloaded),
+        want,
+        f"under {thresholds}, workers {workers} reported {list(reports)}: overloaded is "
+        f"{sorted(overloaded)}, expected {sorted(want)} (each comparison is strict)",
+    )
+
+
+# Each threshold alone, its load just under, at and just over it: only over marks.
+EACH_THRESHOLD = [
+    pytest.param(DECODE, [decode(4), decode(5), decode(6)], id="decode"),
+    pytest.param(PREFILL, [prefill(99), prefill(100), prefill(101)], id="prefill"),
+    # 0.5 x 201 = 100.5, floored to 100
+    pytest.param(
+        PREFILL_FRAC, [prefill(99, 201), prefill(100, 201), prefill(101, 201)], id="prefill-frac"
+    ),
+    pytest.param(
+        PREFILL_FRAC,
+        [prefill(n) for n in (4_999_999, 5_000_000, 5_000_001)],
+        id="prefill-frac-default-max-batched",
+    ),
+]
+
+
+@covers("SET-005")
+@requires(Capability.REPORT_LOAD, Capability.OBSERVE_WORKER_SETS)
+@pytest.mark.parametrize(("thresholds", "reports"), EACH_THRESHOLD)
+def test_a_threshold_marks_only_loads_above_it(
+    open_target: OpenTarget, thresholds: LoadThresholds, reports: list[LoadReport]
+) -> None:
+    loads = [*reports, None]  # and a worker with no report
+    workers, overloaded = judged(open_target, thresholds, loads)
+    require_overloaded(workers, overloaded, [False, False, True, False], thresholds, loads)
+
+
+# Each threshold alone, with loads far over the other two: unset checks never mark.
+UNSET_OTHERS = [
+    pytest.param(DECODE, id="decode-only"),
+    pytest.param(PREFILL, id="prefill-only"),
+    pytest.param(PREFILL_FRAC, id="prefill-frac-only"),
+    pytest.param(LoadThresholds(), id="none-set"),
+]
+
+
+@covers("SET-005")
+@requires(Capability.REPORT_LOAD, Capability.OBSERVE_WORKER_SETS)
+@pytest.mark.parametrize("thresholds", UNSET_OTHERS)
+def test_unset_thresholds_never_mark(open_target: OpenTarget, thresholds: LoadThresholds) -> None:
+    full = decode(10)
+    flooded = prefill(DEFAULT_MAX_NUM_BATCHED_TOKENS, 1_000)
+    loads: list[LoadReport | None] = [full, flooded]
+    expected = [
+        thresholds.active_decode_blocks_threshold is not None,
+        thresholds.active_prefill_tokens_threshold is not None
+        or thresholds.active_prefill_tokens_threshold_frac is not None,
+    ]
+    workers, overloaded = judged(open_target, thresholds, loads)
+    require_overloaded(workers, overloaded, expected, thresholds, loads)
+
+
+@covers("SET-005")
+@requires(Capability.REPORT_LOAD, Capability.OBSERVE_WORKER_SETS)
+def test_any_configured_check_marks(open_target: OpenTarget) -> None:
+    loads: list[LoadReport | None] = [
+        LoadReport(6, 10, 0, 10_000),  # decode only
+        LoadReport(0, 10, 101, 10_000),  # prefill only (frac limit 5,000)
+        LoadReport(0, 10, 60, 100),  # frac only (limit 50)
+        LoadReport(5, 10, 100, 200),  # every check at its threshold
+        None,
+    ]
+    workers, overloaded = judged(open_target, ALL_THREE, loads)
+    require_overloaded(workers, overloaded, [True, True, True, False, False], ALL_THREE, loads)
+
+
+@covers("SET-005")
+@requires(Capability.REPORT_LOAD, Capability.OBSERVE_WORKER_SETS)
+def test_decode_needs_known_total_blocks(open_target: OpenTarget) -> None:
+    zero = LoadThresholds(active_decode_blocks_threshold=0.0)
+    loads: list[LoadReport | None] = [decode(5, total=0), decode(0), decode(1)]
+    workers, overloaded = judged(open_target, zero, loads)
+    require_overloaded(workers, overloaded, [False, False, True], zero, loads)
+
+
+@covers("SET-005", "SET-004")
+@requires(Capability.REPORT_LOAD, Capability.OBSERVE_WORKER_SETS)
+def test_the_latest_report_decides(open_target: OpenTarget) -> None:
+    with open_target(TargetConfig(load_thresholds=DECODE)) as target:
+        worker, other = target.add_worker(), target.add_worker()
+        steps = [
+            (decode(6), {worker}),
+            (decode(5), set()),
+            (decode(10), {worker}),
+            (decode(0), set()),
+        ]
+        for report, expected in steps:
+            target.report_load(worker, report)
+            view = target.worker_sets()
+            require_equal(
+                "SET-005",
+                set(view.overloaded),
+                expected,
+                f"after worker {worker} reported {report} under {DECODE}, overloaded is "
+                f"{sorted(view.overloaded)}",
+            )
+            require_equal(
+                "SET-004",
+                set(view.free),
+                {worker, other} - expected,
+                f"free must follow the load monitor's verdicts: {view}",
+            )
+
+
+@covers("SET-005", "SEL-004")
+@requires(Capability.REPORT_LOAD, Capability.ROUND_ROBIN)
+def test_overloaded_by_load_is_not_selected(open_target: OpenTarget) -> None:
+    with open_target(TargetConfig(load_thresholds=PREFILL)) as target:
+        busy, idle = target.add_worker(), target.add_worker()
+        target.report_load(busy, prefill(101))
+        target.report_load(idle, prefill(100))
+        requests = [target.submit(Generate("round-robin")) for _ in range(4)]
+        picks = [worker for request in requests for worker in reached(target, request)]
+        require_equal(
+            "SET-005",
+            picks,
+            [idle] * 4,
+            f"worker {busy} is over its prefill threshold, {idle} at it: round-robin reached "
+            f"{picks}",
+        )
+        target.report_load(idle, prefill(101))
+        before = len(target.dispatch_log())
+        outcome = finished(target, target.submit(Generate("round-robin")), "SEL-004")
+        require(
+            "SEL-004",
+            shows_outer(outcome.error, "ResourceExhausted"),
+            f"with both workers over their prefill threshold, round-robin ended {outcome}, "
+            "expected ResourceExhausted",
+        )
+        require_false(
+            "SEL-004",
+            target.dispatch_log()[before:],
+            f"a request reached a worker while all are overloaded by load: "
+            f"{list(target.dispatch_log()[before:])}",
+        )
+
+
+def only(field: str, value: float) -> LoadThresholds:
+    """The thresholds with just ``field`` set (plain data: the target judges the value)."""
+    settings: dict[str, Any] = {field: value}
+    return LoadThresholds(**settings)
+
+
+REFUSED = (
+    [
+        pytest.param("active_decode_blocks_threshold", value, id=f"decode-{name}")
+        for name, value in [
+            ("below-0", -0.1),
+            ("above-1", 1.000001),
+            ("nan", math.nan),
+            ("inf", math.inf),
+            ("minus-inf", -math.inf),
+        ]
+    ]
+    + [
+        pytest.param("active_prefill_tokens_threshold", value, id=f"prefill-{name}")
+        for name, value in [("below-0", -1), ("above-u64", 2**64)]
+    ]
+    + [
+        pytest.param("active_prefill_tokens_threshold_frac", value, id=f"prefill-frac-{name}")
+        for name, value in [
+            ("below-0", -0.000001),
+            ("nan", math.nan),
+            ("inf", math.inf),
+            ("minus-inf", -math.inf),
+        ]
+    ]
+)
+
+ACCEPTED = [
+    pytest.param("active_decode_blocks_threshold", 0.0, id="decode-0"),
+    pytest.param("active_decode_blocks_threshold", 1.0, id="decode-1"),
+    pytest.param("active_prefill_tokens_threshold", 0, id="prefill-0"),
+    pytest.param("active_prefill_tokens_threshold", 2**64 - 1, id="prefill-u64-max"),
+    pytest.param("active_prefill_tokens_threshold_frac", 0.0, id="prefill-frac-0"),
+    pytest.param("active_prefill_tokens_threshold_frac", 1e6, id="prefill-frac-large"),
+]
+
+
+@covers("SET-006")
+@requires(Capability.CHECK_LOAD_THRESHOLDS)
+@pytest.mark.parametrize(("field", "value"), REFUSED)
+def test_bad_thresholds_are_refused_naming_the_field(
+    target: Target, field: str, value: float
+) -> None:
+    thresholds = only(field, value)
+    error = target.check_load_thresholds(thresholds)
+    require(
+        "SET-006",
+        shows_outer(error, "InvalidArgument"),
+        f"a router with {field}={value} should be refused at construction with "
+        f"InvalidArgument, got {error if error is None else error.describe()}",
+    )
+    assert error is not None
+    require(
+        "SET-006",
+        any(field in message for _, message in error.links),
+        f"the refusal of {field}={value} does not name the field: {error.describe()}",
+    )
+
+
+@covers("SET-006")
+@requires(Capability.CHECK_LOAD_THRESHOLDS)
+@pytest.mark.parametrize(("field", "value"), ACCEPTED)
+def test_thresholds_in_range_are_accepted(target: Target, field: str, value: float) -> None:
+    thresholds = only(field, value)
+    error = target.check_load_thresholds(thresholds)
+    require(
+        "SET-006",
+        error is None,
+        f"a router with {field}={value} (in range) was refused: "
+        f"{error if error is None else error.describe()}",
+    )

@@ -443,9 +443,13 @@ def _index_entry(site: Site, requirement: Requirement) -> str:
         else "retired, not checked"
     )
     code = _code_links(site, site.code_by_id.get(rid, []), INDEX_URI) or NONE
+    # Dynamo's agreement is the default; a divergence is named (spec/conventions.md)
+    version = _conformance("registry").DYNAMO_VERSION
+    dynamo = f" · Dynamo {version}: {requirement.dynamo}" if requirement.dynamo else ""
     return (
         f"- **[{rid}]({requirement.page}#{rid})** {_cell(requirement.title)}"
-        f' <span class="rs-meta">· {_level(requirement.level, requirement.status)}</span><br>'
+        f' <span class="rs-meta">· {_level(requirement.level, requirement.status)}'
+        f"{dynamo}</span><br>"
         f"{count}: {check_links or NONE}<br>"
         f"code: {code}"
     )

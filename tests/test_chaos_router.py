@@ -280,13 +280,14 @@ TOO_DEEP = st.builds(
     Deep, st.integers(2_000, 60_000), st.sampled_from(["lists", "objects", "unclosed"])
 )
 UNUSABLE_LINES = st.one_of(NOT_UTF8, NOT_JSON, TOO_DEEP)
+MSGPACK_INTEGERS = st.integers(-(2**63), 2**64 - 1)  # a payload beyond them cannot be encoded
 NOT_OBJECTS = st.one_of(
     st.none(),
     st.booleans(),
-    st.integers(),
+    MSGPACK_INTEGERS,
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=20),
-    st.lists(st.integers(), max_size=4),
+    st.lists(MSGPACK_INTEGERS, max_size=4),
 ).map(lambda value: json.dumps(value).encode())
 
 

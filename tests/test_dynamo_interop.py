@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 import trio
 
+from routespec.adapters.dynamo.wire_access import ReceivedBytes, listening_ports, record_address
 from routespec.discovery.file_store import (
     FileDiscovery,
     FileRegistration,
@@ -388,3 +391,52 @@ def _label(item: Annotated) -> str:
     label = item.data["worker"]
     assert isinstance(label, str)
     return label
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs iproute2's ss (worker bytes)")
+def test_raw_bytes_reach_a_dynamo_worker_and_are_counted(dynamo_workers: Path) -> None:
+    """The ``dynamo`` adapter's wire access (TRN-002, TRN-012, TRN-022): a real worker's
+    request-plane address from its record takes raw bytes, its accepted connections' received
+    bytes are counted, and an unknown endpoint is refused at the ACK."""
+    discovery = FileDiscovery(dynamo_workers, ENDPOINT)
+    discovery.refresh()
+    for iid in discovery.instance_ids():
+        address = record_address(dynamo_workers, iid)
+        instance = discovery.lookup(iid)
+        assert instance is not None
+        assert instance.address.startswith(f"{address[0]}:{address[1]}/")
+        received = ReceivedBytes(address[1])
+        before = received.total()
+        path, headers, payload = b"no/such/endpoint", b"{}", b"\x00" * 24
+        message = b"".join(
+            (
+                len(path).to_bytes(2, "big"),
+                path,
+                len(headers).to_bytes(2, "big"),
+                headers,
+                len(payload).to_bytes(4, "big"),
+                payload,
+            )
+        )
+        with socket.create_connection(address, timeout=CALL_TIMEOUT) as stream:
+            stream.sendall(message)
+            length = int.from_bytes(_read_exactly(stream, 4), "big")
+            ack = _read_exactly(stream, length)
+            assert b"unknown endpoint" in ack.lower()  # refused at the ACK
+            assert received.total() - before == len(message)  # counted while still open
+
+
+def test_listening_ports_finds_a_process_listener() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        assert listener.getsockname()[1] in listening_ports(os.getpid())
+
+
+def _read_exactly(stream: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = stream.recv(count - len(data))
+        assert chunk, "the worker closed the connection"
+        data += chunk
+    return data

@@ -8,15 +8,19 @@ socket on 127.0.0.1.
 A worker's number in the suite is its Dynamo instance id, so the suite's order of workers is
 the order Dynamo's round-robin cycles through (the sorted instance ids). Failure scripts are
 played by raising the runtime's typed exceptions, as far as a Python handler can express them
-(``rendering``). Not reachable through the bindings: time control, worker sets and occupancy,
-the caller's inflight count, overload marks and report-down, and the error chain itself
-(errors are normalised classes only).
+(``rendering``). Dynamo's wire is reached from outside (``wire_access``): raw bytes at the
+real worker's request-plane address from its discovery record, or at the real client's
+response-stream port, and the bytes a worker's request plane received. Not reachable through
+the bindings: time control, worker sets and occupancy, the caller's inflight count, overload
+marks and report-down, streamed requests, first-response guards, and the error chain itself
+(errors are normalised classes only). Expected failures: ``dynamo_expectations.toml``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +30,15 @@ from pathlib import Path
 
 from routespec.adapters.dynamo.client_target import DynamoClientTarget, DynamoRuntimeAdapter
 from routespec.adapters.dynamo.driver import WAIT_LIMIT, dynamo_environment
+from routespec.adapters.dynamo.expectations import load_expectations
+from routespec.adapters.dynamo.load_thresholds import check_load_thresholds
 from routespec.adapters.dynamo.rendering import render
+from routespec.adapters.dynamo.wire_access import (
+    ReceivedBytes,
+    listening_ports,
+    record_address,
+    send_raw,
+)
 from routespec.testing.target import (
     Capability,
     Delivery,
@@ -38,6 +50,7 @@ from routespec.testing.target import (
 )
 
 ENDPOINT = "routespec.conformance.generate"
+EXPECTATIONS = Path(__file__).parents[1] / "dynamo_expectations.toml"
 
 
 class WorkerProcess:
@@ -103,12 +116,15 @@ class WorkerProcess:
 
 
 class DynamoTarget(DynamoClientTarget):
+    check_load_thresholds = staticmethod(check_load_thresholds)
+
     def __init__(self, store: Path) -> None:
         super().__init__(ENDPOINT, store)
         self._store = store
         self.log: list[Delivery] = []
         self._workers: dict[int, WorkerProcess] = {}
         self._started = 0
+        self._received: dict[int, ReceivedBytes] = {}
 
     def close(self) -> None:
         try:
@@ -181,7 +197,27 @@ class DynamoTarget(DynamoClientTarget):
         return worker_id  # the suite numbers workers by their instance ids
 
     def worker_bytes(self, worker_id: int) -> int:
-        raise NotImplementedError(Capability.OBSERVE_WORKER_BYTES.value)
+        counter = self._received.get(worker_id)
+        if counter is None:
+            _, port = record_address(self._store, worker_id)
+            counter = self._received[worker_id] = ReceivedBytes(port)
+        return counter.total()
+
+    def send_raw(self, worker_id: int | None, data: bytes) -> None:
+        """Raw bytes at the real worker's request plane (the address in its discovery
+        record), or, for None, at the real client's response-stream server."""
+        if worker_id is not None:
+            address = record_address(self._store, worker_id)
+        else:
+            address = ("127.0.0.1", self._response_port())
+        send_raw(address, data)
+
+    def _response_port(self) -> int:
+        """The client process's one listener: its response-stream server."""
+        ports = listening_ports(self.driver.pid)
+        if len(ports) != 1:
+            raise RuntimeError(f"the Dynamo client listens on {ports}, expected one port")
+        return ports[0]
 
 
 CAPABILITIES = frozenset(
@@ -194,8 +230,13 @@ CAPABILITIES = frozenset(
         Capability.KILL_WORKER_PROCESS,
         Capability.SCRIPT_FAILURES,
         Capability.SCRIPT_STALL,
+        Capability.WIRE_TRANSPORT,  # raw bytes at the real worker's and client's ports
+        Capability.CHECK_LOAD_THRESHOLDS,  # dynamo._core.LoadThresholdConfig in a subprocess
+        Capability.REFUSES_KV_AND_DIRECT,  # generate() on RouterMode.KV / Direct clients
     }
+) | ({Capability.OBSERVE_WORKER_BYTES} if shutil.which("ss") else set())  # iproute2's ss
+
+
+ADAPTER = DynamoRuntimeAdapter(
+    "dynamo", CAPABILITIES, DynamoTarget, load_expectations(EXPECTATIONS)
 )
-
-
-ADAPTER = DynamoRuntimeAdapter("dynamo", CAPABILITIES, DynamoTarget)

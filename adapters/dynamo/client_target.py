@@ -30,7 +30,7 @@ from routespec.testing.target import (
 )
 from routespec.testing.unsupported import Unsupported
 
-MODES = {"round-robin": "round_robin", "random": "random"}
+MODES = {"round-robin": "round_robin", "random": "random", "kv": "kv", "direct": "direct_mode"}
 SETTLE_LIMIT = 10.0
 
 
@@ -56,6 +56,8 @@ class DynamoClientTarget(Unsupported):
         request_id = f"req-{next(self._requests)}"
         command: dict[str, object] = {"op": "submit", "id": request_id}
         command["payload"] = {"rid": request_id, "call": repr(call)}
+        if metadata:
+            command["metadata"] = dict(metadata)  # the control message's, via a Context
         if isinstance(call, Generate):
             command["mode"] = MODES[call.mode]
         elif isinstance(call, Direct):

@@ -70,6 +70,7 @@ class ClientDriver:
         self.opened: set[str] = set()
         self.received: dict[str, int] = {}  # items the client has read, per request
         self._instances: list[int] | None = None
+        self.addresses: dict[int, str] = {}  # instance id -> transport address, as listed
         self._ready = False
         threading.Thread(target=self._read, name="dynamo-client", daemon=True).start()
         self.wait_for(lambda: self._ready, "the Dynamo client to start")
@@ -84,6 +85,7 @@ class ClientDriver:
                     self._ready = True
                 elif op == "instances":
                     self._instances = list(message["ids"])
+                    self.addresses = {int(k): str(v) for k, v in message["addresses"].items()}
                 elif op == "opened":
                     self.opened.add(message["id"])
                 elif op == "progress":
@@ -91,6 +93,11 @@ class ClientDriver:
                 elif op == "outcome":
                     self.outcomes[message["id"]] = message
                 self.changed.notify_all()
+
+    @property
+    def pid(self) -> int:
+        """The client process's id (its response-stream server is among its listeners)."""
+        return self._process.pid
 
     def send(self, command: Mapping[str, object]) -> None:
         assert self._process.stdin is not None
@@ -124,6 +131,16 @@ class ClientDriver:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"the Dynamo client never listed {present} without {absent}")
+
+    def await_address(self, instance_id: int, address: str) -> None:
+        """Poll until the client lists ``instance_id`` at ``address`` (a changed record)."""
+        deadline = time.monotonic() + WAIT_LIMIT
+        while time.monotonic() < deadline:
+            self.instances()
+            if self.addresses.get(instance_id) == address:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"the Dynamo client never listed {instance_id} at {address}")
 
     def outcome(self, request_id: str) -> Outcome | None:
         with self.changed:

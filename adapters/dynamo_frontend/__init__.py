@@ -27,6 +27,10 @@ CAPABILITIES = frozenset(
         Capability.SCRIPT_STALL,
         Capability.REMOVE_WORKER,
         Capability.KILL_WORKER,
+        Capability.DIRECT,  # nvext.backend_instance_id on a bare-call request
+        Capability.REPORT_DOWN,  # a pinned request the worker fails: ~5 s local inhibition
+        Capability.VANISH_WORKER,  # SIGKILL: still discovered for 10-15 s, port closed
+        Capability.MARK_OVERLOADED,  # KV models only: Dynamo's busy threshold, a held load
     }
 )
 

@@ -198,6 +198,7 @@ class Frontend:
         migration_limit: int,
         max_seq_len: int | None,
         log_dir: Path,
+        lora: bool = False,
     ) -> None:
         self.host = "127.0.0.1"
         self.port = free_port()
@@ -219,7 +220,11 @@ class Frontend:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=dynamo_environment(store, broker),
+            # LoRA filtering is the frontend's, switched on for the whole process
+            env={
+                **dynamo_environment(store, broker),
+                **({"DYN_LORA_ENABLED": "1"} if lora else {}),
+            },
             preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + WAIT_LIMIT
@@ -286,24 +291,27 @@ class Deployment:
         self.store.mkdir()
         self.model_dir = build_tiny_model(self.root / "tiny-model")
         self.relay = AffinityRelay()
-        self._frontends: dict[tuple[int, int | None], Frontend] = {}
+        self._frontends: dict[tuple[int, int | None, bool], Frontend] = {}
         self.spares: list[WorkerProcess] = []
         self._lock = threading.Lock()
         atexit.register(self.close)
 
-    def frontend(self, migration_limit: int, max_seq_len: int | None = None) -> Frontend:
-        """The frontend with these migration settings (started on first use)."""
+    def frontend(
+        self, migration_limit: int, max_seq_len: int | None = None, lora: bool = False
+    ) -> Frontend:
+        """The frontend with these migration settings, LoRA filtering on or off (started on
+        first use)."""
         if not 0 <= migration_limit <= U32_MAX:
             raise ValueError(
                 f"--migration-limit must be between 0 and {U32_MAX} (0=disabled): "
                 "dynamo.frontend 1.6.1 refuses to start with it"
             )
-        key = (migration_limit, max_seq_len)
+        key = (migration_limit, max_seq_len, lora)
         with self._lock:
             found = self._frontends.get(key)
             if found is None or found.process.poll() is not None:
                 found = Frontend(
-                    self.store, self.relay.url, migration_limit, max_seq_len, self.root
+                    self.store, self.relay.url, migration_limit, max_seq_len, self.root, lora
                 )
                 self._frontends[key] = found
             return found
@@ -372,6 +380,7 @@ class WorkerProcess:
         self.instance_id: int | None = None
         self.used = False  # a model was served, a script sent, or it was killed or removed
         self.served: dict[str, str | None] = {}  # endpoint -> None (served) or its refusal
+        self.loras: dict[str, str | None] = {}  # LoRA -> None (registered) or its refusal
         self._changed = changed
         self._report = report
         self._log = (shared.root / f"worker-{os.getpid()}-{id(self)}.log").open("w")
@@ -407,6 +416,12 @@ class WorkerProcess:
                     self.served[str(message["endpoint"])] = None
                 elif op == "serve-failed":
                     self.served[str(message["endpoint"])] = str(message["error"])
+                elif op == "lora-done":
+                    self.loras[str(message["lora"])] = None
+                elif op == "unlora-done":
+                    self.loras.pop(str(message["lora"]), None)
+                elif op == "lora-failed":
+                    self.loras[str(message["lora"])] = str(message["error"])
                 if self._report is not None:
                     self._report(self, message)
                 self._changed.notify_all()

@@ -247,3 +247,24 @@ def metric(
     """The sum of ``name``'s samples whose labels include ``labels``."""
     wanted = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
+
+
+def post_completion(
+    host: str, port: int, request: CompletionRequest, timeout: float = 30.0
+) -> tuple[int, bytes]:
+    """One non-streamed ``/v1/completions`` exchange: its status and body."""
+    document = json.loads(request.body())
+    document["stream"] = False
+    body = json.dumps(document).encode()
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.putrequest("POST", "/v1/completions")
+        headers = {"content-type": "application/json", **request.headers}
+        for name, value in headers.items():
+            connection.putheader(name, value.encode())
+        connection.putheader("content-length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import re
 import threading
 import time
@@ -39,14 +40,18 @@ from routespec.adapters.dynamo_frontend.deployment import (
 from routespec.adapters.dynamo_frontend.http_client import (
     CompletionRequest,
     StreamCall,
+    error_from_body,
     metric,
     metrics,
+    post_completion,
     wait_for_model,
 )
+from routespec.adapters.dynamo_frontend.tiny_model import BARE_MARK, LOAD_MARK, data_item
 from routespec.testing.target import (
     Call,
     CancelThenFail,
     Delivery,
+    Direct,
     ErrorSpec,
     FailBeforeStream,
     FailMidStream,
@@ -101,6 +106,30 @@ BOOKING = frozenset({"least-loaded", "kv"})
 """Policies whose load input is bookings; the frontend does not expose them."""
 MAX_AFFINITY_ENTRIES = 65_536
 BATCH = 4
+INHIBITED_FOR = 5.0
+"""How long the 1.6.1 frontend keeps a worker that failed a request out of its rotation
+(probed: round-robin over 3 workers skipped the failed one for the next 6 requests, and
+used it again 6 s later)."""
+QUERY_ONLY = "query_instance_id:"
+"""The ``nvext.annotations`` entry that asks the KV router for its choice without routing
+the request (the frontend answers with ``nvext.worker_id`` and reaches no worker)."""
+BARE_BUDGET = 64
+"""A bare call's ``max_tokens``: more than any script's item count (the script decides)."""
+BUSY_TOKENS = 1024
+"""Every KV model's ``active_prefill_tokens_threshold``: a worker whose prompts not yet
+prefilled exceed it is busy. The suite's own prompts stay far below it."""
+LOAD_TOKENS = 2048
+"""The prompt of the adapter's load request, which makes a worker busy (mark_overloaded)."""
+NOT_KV_BUSY = (
+    "an overloaded worker under a non-KV policy: the 1.6.1 frontend applies its busy "
+    "threshold (RouterConfig active_prefill_tokens_threshold) only in its KV router (probed: "
+    "with a 2048-token request held on worker 1 and threshold 1024, a KV model avoided worker "
+    "1 and refused a pin to it 'Service temporarily overloaded', while round-robin went on "
+    "rotating through 1, 2, 3 and least-loaded served a pin to it)"
+)
+INTERNAL = "internal:"
+"""Owner prefix of the adapter's own requests (reporting a worker down): not the suite's,
+so they stay out of its dispatch log."""
 _TARGETS = itertools.count(1)
 
 
@@ -196,6 +225,10 @@ class Generation:
     def model(self) -> str:
         return self.namespace
 
+    @property
+    def lora(self) -> bool:
+        return bool(self.router.get("lora"))
+
 
 class Refused:
     """A request whose frontend would not start (its migration limit): over before any HTTP
@@ -220,6 +253,7 @@ class Pending:
     call: StreamCall | Refused | None
     prompt: int
     books: bool = False
+    bare: bool = False  # a bare call: its items are the suite's convention, not tokens
     rids: set[str] = attrs.field(factory=set)
     outcome: Outcome | None = None
 
@@ -237,12 +271,23 @@ class FrontendTarget(Unsupported):
         self.rid_owner: dict[str, str] = {}  # Dynamo's request id -> the suite's
         self.stalled: dict[str, int] = {}  # Dynamo's request id -> data tokens sent first
         self.ended: set[str] = set()
+        # per Dynamo request id (every attempt of a migrated request shares it)
+        self.delivered_n: dict[str, int] = {}
+        self.ended_n: dict[str, int] = {}
+        self.last_how: dict[str, str] = {}
         self.pending: dict[str, Pending] = {}
         self.generations: dict[tuple[object, ...], Generation] = {}
         self.default_generation: Generation | None = None
         self.frontends_used: set[Frontend] = set()
         self.batch: list[WorkerProcess] = []
         self.listed: set[tuple[int, str]] = set()
+        self.scripts: dict[int, dict[str, object]] = {}  # the last script sent per worker
+        self.down: dict[int, float] = {}  # worker -> when the suite reported it down
+        self.vanishing: set[int] = set()  # killed before the next request (vanish_worker)
+        self.vanished: set[int] = set()
+        self.overloaded: set[int] = set()
+        self.loads: dict[int, list[tuple[str, StreamCall]]] = {}  # worker -> load requests
+        self.loaded: set[str] = set()
         self._ids = itertools.count(1)
         self._requests = itertools.count(1)
         self._generation_numbers = itertools.count(1)
@@ -256,14 +301,20 @@ class FrontendTarget(Unsupported):
         if op == "delivered":
             owner = self.rid_owner.get(rid, f"unknown:{rid}")
             payload = message.get("payload")
-            self.log.append(Delivery(owner, worker.worker_id, None, payload))
+            self.delivered_n[rid] = self.delivered_n.get(rid, 0) + 1
+            if not owner.startswith(INTERNAL):
+                self.log.append(Delivery(owner, worker.worker_id, None, payload))
             pending = self.pending.get(owner)
             if pending is not None:
                 pending.rids.add(rid)
+        elif op == "loaded":
+            self.loaded.add(rid)
         elif op == "stalled":
             self.stalled[rid] = int(message.get("sent", 0))
         elif op == "ended":
             self.ended.add(rid)
+            self.ended_n[rid] = self.ended_n.get(rid, 0) + 1
+            self.last_how[rid] = str(message.get("how"))
 
     def wait_for(self, condition: Any, limit: float = WAIT_LIMIT) -> bool:
         deadline = time.monotonic() + limit
@@ -287,6 +338,7 @@ class FrontendTarget(Unsupported):
         else:
             (worker,) = self.shared.spare_workers(1)
         worker.attach(worker_id, self.changed, self._report)
+        worker.send({"op": "name", "worker": worker_id})
         self.workers[worker_id] = worker
         for generation in list(self.generations.values()):
             if generation.refusal is None:
@@ -317,8 +369,10 @@ class FrontendTarget(Unsupported):
                 "fault detection cannot be turned off: the 1.6.1 frontend locally inhibits a "
                 "worker that failed a request for ~5 s, and no flag or router setting disables it"
             )
+        encoded = encode_script(script)
+        self.scripts[worker_id] = encoded
         self.workers[worker_id].used = True
-        self.workers[worker_id].send({"op": "script", "script": encode_script(script)})
+        self.workers[worker_id].send({"op": "script", "script": encoded})
         time.sleep(0.02)  # the worker reads its stdin between requests
 
     def release_stalled(self, worker_id: int) -> None:
@@ -339,7 +393,125 @@ class FrontendTarget(Unsupported):
     def kill_worker(self, worker_id: int) -> None:
         self.workers[worker_id].used = True
         self.workers[worker_id].kill()
+        # a stream the dead worker was serving is held (stalled) until the frontend sees the
+        # connection close, which takes longer on a loaded machine: wait for it to end
+        # (or until it migrates: delivered again to another worker)
+        before = len(self.log)
+        served = {d.request_id for d in self.log if d.worker_id == worker_id}
+        for pending in list(self.pending.values()):
+            call, suite_id = pending.call, pending.suite_id
+            if call is None or suite_id not in served:
+                continue
+
+            def ended_or_moved(call: Any = call, suite_id: str = suite_id) -> bool:
+                return call.done.is_set() or any(
+                    d.request_id == suite_id and d.worker_id != worker_id for d in self.log[before:]
+                )
+
+            self.wait_for(ended_or_moved, SETTLE_LIMIT)
         self.settle()
+
+    def vanish_worker(self, worker_id: int) -> None:
+        """SIGKILL without deregistering: the frontend keeps listing the instance for 10-15 s
+        (file discovery's lease) while its request-plane port is closed. The kill happens
+        just before the suite's next request, so a host opened meanwhile still registers its
+        model on the worker, as the router over a discovered-but-gone worker would see it."""
+        self.workers[worker_id].used = True
+        self.vanishing.add(worker_id)
+
+    def _vanish_now(self) -> None:
+        for worker_id in sorted(self.vanishing):
+            self.workers[worker_id].kill()
+            self.vanished.add(worker_id)
+        self.vanishing.clear()
+
+    def report_down(self, worker_id: int) -> None:
+        """Make the frontend inhibit the worker locally, the way it learns a worker is down:
+        one request pinned to it, which it fails with ``EngineShutdown`` (probed: the
+        frontend answers 503 and round-robin skips the worker for ~5 s). Inhibition is per
+        router, so each of this target's models and frontends gets one such request, and a
+        model registered within the next ``INHIBITED_FOR`` seconds gets it when it is."""
+        self.down[worker_id] = time.monotonic()
+        for generation in list(self.generations.values()):
+            if generation.refusal is None:
+                self._inhibit(worker_id, generation)
+
+    def _inhibit(self, worker_id: int, generation: Generation) -> None:
+        worker = self.workers[worker_id]
+        if not worker.alive() or generation.endpoint not in worker.served:
+            return
+        if worker_id in self.overloaded and generation.router["policy"] == "kv":
+            unreachable(
+                "a worker both overloaded and reported down: the pinned request that reports "
+                "it down is refused before it reaches a busy worker (probed: 'Service "
+                "temporarily overloaded', class CapacityExhausted), and a pin to an inhibited "
+                "worker is refused too (HTTP 500), so the two states cannot be set together"
+            )
+        error = {"type": "Backend(EngineShutdown)", "message": "reported down"}
+        worker.send({"op": "script", "script": {"kind": "fail-before", "error": error}})
+        time.sleep(0.02)
+        try:
+            for frontend in {self.shared.frontend(0), *self.frontends_used}:
+                self.ready(frontend, generation)
+                rid = str(uuid.uuid4())
+                with self.changed:
+                    self.rid_owner[rid] = f"{INTERNAL}report-down"
+                nvext = {"backend_instance_id": self.instance_id(worker_id)}
+                # the base model's pinned failure: a LoRA model on the same endpoint sees the
+                # inhibition too (probed: a pinned failure for the LoRA then got HTTP 500)
+                request = CompletionRequest(
+                    generation.model, (1,), 1, nvext=nvext, headers={"x-dynamo-request-id": rid}
+                )
+                call = StreamCall(frontend.host, frontend.port, request, self._notify)
+                call.done.wait(SETTLE_LIMIT)
+                self.wait_for(lambda rid=rid: rid in self.ended, 2.0)
+                if call.error is None or rid not in self.ended:
+                    raise RuntimeError(
+                        f"reporting worker {worker_id} down: its pinned failure did not reach "
+                        f"it or did not fail ({call.items}, {call.error})"
+                    )
+        finally:
+            worker.send({"op": "script", "script": self.scripts.get(worker_id, {"kind": "serve"})})
+            time.sleep(0.02)
+
+    def mark_overloaded(self, worker_id: int, overloaded: bool) -> None:
+        """Busy through Dynamo's own threshold: every KV model carries
+        ``active_prefill_tokens_threshold`` ``BUSY_TOKENS``, and an overloaded worker holds one
+        load request per KV model and frontend whose prompt (``LOAD_TOKENS``) exceeds it, out
+        of the dispatch log. Not overloaded: the worker ends its load requests."""
+        if not overloaded:
+            self.overloaded.discard(worker_id)
+            self.workers[worker_id].send({"op": "unload"})
+            loads = self.loads.pop(worker_id, [])
+            self.wait_for(lambda: all(call.done.is_set() for _, call in loads), WAIT_LIMIT)
+            return
+        self.overloaded.add(worker_id)
+        for generation in list(self.generations.values()):
+            if generation.refusal is None and generation.router["policy"] == "kv":
+                self._load(worker_id, generation)
+
+    def _load(self, worker_id: int, generation: Generation) -> None:
+        worker = self.workers[worker_id]
+        if not worker.alive() or generation.endpoint not in worker.served:
+            return
+        prompt = (LOAD_MARK, *range(LOAD_TOKENS - 1))
+        for frontend in {self.shared.frontend(0), *self.frontends_used}:
+            self.ready(frontend, generation)
+            rid = str(uuid.uuid4())
+            with self.changed:
+                self.rid_owner[rid] = f"{INTERNAL}load"
+            nvext = {"backend_instance_id": self.instance_id(worker_id)}
+            request = CompletionRequest(
+                generation.model, prompt, 1, nvext=nvext, headers={"x-dynamo-request-id": rid}
+            )
+            call = StreamCall(frontend.host, frontend.port, request, self._notify)
+            self.loads.setdefault(worker_id, []).append((rid, call))
+            arrived = lambda rid=rid, call=call: rid in self.loaded or call.done.is_set()  # noqa: E731
+            if not self.wait_for(arrived):
+                raise RuntimeError(f"the load request on worker {worker_id} never arrived")
+            if call.done.is_set():
+                raise RuntimeError(f"the load request on worker {worker_id} ended: {call.error}")
+            time.sleep(0.05)  # the router books it as the request is sent
 
     def remove_worker(self, worker_id: int) -> None:
         worker = self.workers[worker_id]
@@ -371,6 +543,8 @@ class FrontendTarget(Unsupported):
     # --- generations: one model per router configuration ---
 
     def generation(self, router: dict[str, object], block_size: int, affinity: bool) -> Generation:
+        if router["policy"] == "kv":
+            router = {**router, "busy_prefill_tokens": BUSY_TOKENS}
         key = (tuple(sorted(router.items())), block_size)
         found = self.generations.get(key)
         if found is not None:
@@ -380,8 +554,16 @@ class FrontendTarget(Unsupported):
         self.generations[key] = generation
         if not any(w.alive() for w in self.workers.values()):
             generation.refusal = card_refusal(router)
+            if generation.refusal is None and generation.lora:
+                generation.refusal = self._probe_lora_card(generation)
         if generation.refusal is None:
             self._serve(list(self.workers.values()), generation)
+            for worker_id, when in list(self.down.items()):
+                if time.monotonic() - when < INHIBITED_FOR:
+                    self._inhibit(worker_id, generation)
+            if router["policy"] == "kv":
+                for worker_id in sorted(self.overloaded):
+                    self._load(worker_id, generation)
         return generation
 
     def _serve(self, workers: list[WorkerProcess], generation: Generation) -> None:
@@ -402,7 +584,11 @@ class FrontendTarget(Unsupported):
         if refusals:
             generation.refusal = refusal_of(sorted(str(r) for r in refusals)[0])
             return
-        frontend = self.shared.frontend(0)
+        frontend = self._frontend(0, lora=True) if generation.lora else self.shared.frontend(0)
+        if generation.lora and workers:
+            generation.refusal = self._lora_refusal(frontend, generation)
+            if generation.refusal is not None:
+                return
         if workers and not wait_for_model(frontend.host, frontend.port, generation.model, 5.0):
             generation.refusal = ObservedError(
                 ((None, f"the frontend never listed model {generation.model}"),),
@@ -413,11 +599,49 @@ class FrontendTarget(Unsupported):
         time.sleep(0.3)  # every instance's registration reaches the frontend's watch
         self.listed.add((frontend.port, generation.model))
 
+    def _lora_refusal(self, frontend: Frontend, generation: Generation) -> ObservedError | None:
+        """A LoRA frontend refuses a model whose router cannot filter by LoRA when it builds
+        the model's engine: the model is never listed and its frontend logs why (probed:
+        ``build_preprocessed_routing: LoRA serving (DYN_LORA_ENABLED) is not supported with
+        router mode LeastLoaded; …``, retried with backoff, requests get 404). No client sees
+        a typed error, so the refusal is the log line, untyped."""
+        deadline = time.monotonic() + WAIT_LIMIT
+        while time.monotonic() < deadline:
+            if wait_for_model(frontend.host, frontend.port, generation.model, 0.2):
+                return None
+            log = frontend.log_path.read_text(errors="replace")
+            for line in re.sub(r"\x1b\[[0-9;]*m", "", log).splitlines():
+                if f'"{generation.model}"' in line and "build_preprocessed_routing" in line:
+                    reason = re.search(r'error="build_preprocessed_routing: ([^"]*)"', line)
+                    text = reason.group(1) if reason else line[-300:]
+                    return ObservedError(((None, text),), True, types_observed=False)
+        return None
+
+    def _probe_lora_card(self, generation: Generation) -> ObservedError | None:
+        """With no worker yet, whether the LoRA frontend builds this model: a spare worker
+        process (not one of the target's) registers the card, then quits."""
+        spares = self.shared.spare_workers(1)
+        if not spares:
+            raise RuntimeError("no spare worker process to register the LoRA host's card")
+        probe = spares[0]
+        probe.attach(0, self.changed, None)
+        try:
+            self._serve([probe], generation)
+            return generation.refusal
+        finally:
+            probe.close()
+
+    def lora_model(self, generation: Generation, adapter: str) -> str:
+        """The served name of the suite's adapter on this host (unique in the shared store)."""
+        return f"{generation.model}-{adapter}"
+
     # --- requests ---
 
-    def _frontend(self, limit: int | None, max_seq_len: int | None = None) -> Frontend:
+    def _frontend(
+        self, limit: int | None, max_seq_len: int | None = None, lora: bool = False
+    ) -> Frontend:
         try:
-            frontend = self.shared.frontend(limit or 0, max_seq_len)
+            frontend = self.shared.frontend(limit or 0, max_seq_len, lora)
         except ValueError as refusal:
             unreachable(str(refusal))
         self.frontends_used.add(frontend)
@@ -452,6 +676,8 @@ class FrontendTarget(Unsupported):
         request: CompletionRequest,
         frontend: Frontend,
     ) -> str:
+        if self.overloaded and generation.router["policy"] != "kv":
+            unreachable(NOT_KV_BUSY)
         self.ready(frontend, generation)
         suite_id = f"req-{next(self._requests)}"
         rid = str(uuid.uuid4())
@@ -461,11 +687,8 @@ class FrontendTarget(Unsupported):
                 suite_id, None, len(request.prompt), generation.router["policy"] in BOOKING
             )
             self.pending[suite_id] = pending
-        request = attrs.evolve(
-            request,
-            model=generation.model,
-            headers={**request.headers, "x-dynamo-request-id": rid},
-        )
+        request = attrs.evolve(request, headers={**request.headers, "x-dynamo-request-id": rid})
+        self._vanish_now()
         pending.call = StreamCall(frontend.host, frontend.port, request, self._notify)
         self._settle_request(pending)
         return suite_id
@@ -510,8 +733,22 @@ class FrontendTarget(Unsupported):
         assert call is not None
         self.wait_for(lambda: call.done.is_set() or self._held(pending), SETTLE_LIMIT)
         if call.done.is_set():
-            # the workers' reports of this request may still be on their way
-            self.wait_for(lambda: all(rid in self.ended for rid in pending.rids), 2.0)
+            # the workers' reports of this request may still be on their way: every attempt
+            # reported has ended, and a request that completed has an attempt that did not
+            # fail (a migrated request's earlier attempts end first)
+            completed = call.error is None and bool(call.items)
+
+            def reported() -> bool:
+                balanced = all(
+                    self.ended_n.get(rid, 0) >= self.delivered_n.get(rid, 0) for rid in pending.rids
+                )
+                finished = any(self.last_how.get(rid) != "raised" for rid in pending.rids)
+                return balanced and (not completed or (bool(pending.rids) and finished))
+
+            self.wait_for(reported, 2.0)
+            if call.error is not None and pending.rids:
+                time.sleep(0.2)  # a last failing attempt's report may trail the HTTP error
+                self.wait_for(reported, 2.0)
 
     def settle(self) -> None:
         for pending in list(self.pending.values()):
@@ -526,6 +763,8 @@ class FrontendTarget(Unsupported):
             if self.default_generation is None:
                 raise AssertionError("open_host() first")
             return FrontendHost(self, HostConfig(), self.default_generation).route(call)
+        if isinstance(call, Direct):
+            return self.direct(call)
         if not isinstance(call, Migrate):
             unreachable(
                 f"{type(call).__name__}: the frontend's HTTP API takes token requests only; "
@@ -559,6 +798,26 @@ class FrontendTarget(Unsupported):
         )
         return self.start(generation, request, frontend)
 
+    def direct(self, call: Direct) -> str:
+        """A bare call to one worker: ``nvext.backend_instance_id`` on a one-token request
+        whose prompt (``BARE_MARK``) tells the worker to answer with the script's own item
+        count, each data item spelled as a token that names its worker and index. The
+        control-message metadata a bare client sends has no HTTP counterpart; the checks that
+        observe it need ``transport:dynamo-wire``."""
+        if call.worker_id not in self.workers:
+            unreachable(
+                f"a bare call to id {call.worker_id}, which no worker ever had: the frontend "
+                "first validates nvext.backend_instance_id against the workers it discovered "
+                "(HTTP 400 'does not identify a known worker', the routing host's HST-004), so "
+                "the transport's own answer to an unknown instance never shows over HTTP"
+            )
+        generation = self.generation({"policy": "round-robin"}, 16, False)
+        nvext = {"backend_instance_id": self.instance_id(call.worker_id)}
+        request = CompletionRequest(generation.model, (BARE_MARK,), BARE_BUDGET, nvext=nvext)
+        suite_id = self.start(generation, request, self._frontend(0))
+        self.pending[suite_id].bare = True
+        return suite_id
+
     def outcome(self, request_id: str) -> Outcome | None:
         pending = self.pending.get(request_id)
         if pending is None or pending.call is None:
@@ -576,7 +835,23 @@ class FrontendTarget(Unsupported):
             error = attrs.evolve(
                 error, links=tuple((t, self.suite_text(m)) for t, m in error.links)
             )
+        if pending.bare:
+            return Outcome(self.bare_items(request_id, call.items), error, call.dropped)
         return Outcome(tuple(dict(item) for item in call.items), error, call.dropped)
+
+    @staticmethod
+    def bare_items(request_id: str, items: Sequence[Mapping[str, object]]) -> tuple[object, ...]:
+        """A bare call's data items, read back from their tokens (the finish is not an item)."""
+        found: list[object] = []
+        for item in items:
+            tokens = item.get("token_ids")
+            for token in tokens if isinstance(tokens, list) else []:
+                decoded = data_item(int(token))
+                if decoded is None:
+                    found.append({"request": request_id, "token": token})  # not the convention
+                else:
+                    found.append({"worker": decoded[0], "request": request_id, "index": decoded[1]})
+        return tuple(found)
 
     def drop(self, request_id: str) -> None:
         pending = self.pending[request_id]
@@ -598,8 +873,6 @@ class FrontendTarget(Unsupported):
                 error_class="InvalidRequest",
                 types_observed=False,
             )
-        if config.lora:
-            unreachable("LoRA filtering is not a router setting a model card or flag selects")
         if config.max_affinity_entries != MAX_AFFINITY_ENTRIES:
             unreachable(
                 "the affinity table's cap is not configurable in 1.6.1 (no flag, no "
@@ -610,6 +883,8 @@ class FrontendTarget(Unsupported):
             ttl = config.affinity_ttl
             router["affinity_ttl"] = int(ttl) if float(ttl).is_integer() else ttl
             router["affinity_mode"] = config.affinity_mode
+        if config.lora:
+            router["lora"] = True  # its own model, served by a frontend with DYN_LORA_ENABLED
         generation = self.generation(router, config.block_size, config.affinity_ttl is not None)
         if generation.refusal is not None:
             return generation.refusal
@@ -625,8 +900,15 @@ class FrontendHost:
         self.config = config
         self.generation = generation
         self._binds = itertools.count(1)
+        self._plans = itertools.count(1)
 
     def route(self, route: HostRoute) -> str:
+        request = self.request(route)
+        frontend = self.target._frontend(route.migration_limit, lora=self.generation.lora)
+        return self.target.start(self.generation, request, frontend)
+
+    def request(self, route: HostRoute) -> CompletionRequest:
+        """The HTTP request that carries ``route`` (SKIP for what no request field sets)."""
         target = self.target
         if route.phase != "aggregated":
             unreachable(
@@ -638,8 +920,11 @@ class FrontendHost:
                 "a caller context stopped before routing (or a staged-KV decode leg): an "
                 "HTTP client can only go away"
             )
+        model = self.generation.model
         if route.lora is not None:
-            unreachable("LoRA requests: see the LoRA findings")
+            if not self.generation.lora:
+                unreachable("a LoRA request on a host without LoRA filtering")
+            model = target.lora_model(self.generation, route.lora)
         if route.excluded:
             unreachable("a retry's excluded workers are migration's state, not a request field")
         if route.allowed is not None:
@@ -648,22 +933,66 @@ class FrontendHost:
         for field in ("backend_instance_id", "decode_worker_id", "prefill_worker_id"):
             value = getattr(route, field)
             if value is not None:
+                worker = target.workers.get(value)
+                if (
+                    value in target.vanished
+                    and worker is not None
+                    and self.generation.endpoint not in worker.served
+                ):
+                    unreachable(
+                        f"worker {value} vanished before this host's model was registered, so "
+                        "the model never listed it (its process was already gone)"
+                    )
                 nvext[field] = target.instance_id(value)
         if route.dp_rank is not None:
             nvext["dp_rank"] = route.dp_rank
         if route.required_taints:
             unreachable(TAINTS)
         headers = {} if route.session is None else {"x-session-id": route.session}
-        request = CompletionRequest(
-            self.generation.model, route.tokens, route.max_tokens, nvext=nvext, headers=headers
+        return CompletionRequest(
+            model, route.tokens, route.max_tokens, nvext=nvext, headers=headers
         )
-        return target.start(self.generation, request, target._frontend(route.migration_limit))
 
     def stop(self, request_id: str) -> None:
         unreachable("an HTTP client cannot stop its request and keep reading")
 
     def preview(self, route: HostRoute) -> PlanView | ObservedError:
-        unreachable("route previews are not exposed by the frontend")
+        """The router's choice without routing: the request with the annotation
+        ``query_instance_id:`` (probed on a KV host: 20 queries over two idle workers chose
+        both, and a worker's cached prefix then drew all 10; none reached a worker). On a
+        host of another policy the frontend does not refuse it: it routes and serves the
+        request and names the worker, and that delivery is in the dispatch log."""
+        target = self.target
+        request = self.request(route)
+        if target.overloaded and self.generation.router["policy"] != "kv":
+            unreachable(NOT_KV_BUSY)
+        frontend = target._frontend(route.migration_limit, lora=self.generation.lora)
+        target.ready(frontend, self.generation)
+        target._vanish_now()
+        rid = str(uuid.uuid4())
+        with target.changed:
+            target.rid_owner[rid] = f"preview:{rid[:8]}"
+        annotations = [*list(request.nvext.get("annotations") or []), QUERY_ONLY]  # type: ignore[call-overload]
+        request = attrs.evolve(
+            request,
+            nvext={**request.nvext, "annotations": annotations},
+            headers={**request.headers, "x-dynamo-request-id": rid},
+        )
+        status, body = post_completion(frontend.host, frontend.port, request)
+        if status != 200:
+            error = error_from_body(status, body, pre_stream=True)
+            return attrs.evolve(
+                error, links=tuple((t, target.suite_text(m)) for t, m in error.links)
+            )
+        document = json.loads(body)
+        chosen = ((document.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
+        if not isinstance(chosen, int):
+            raise AssertionError(f"the frontend's answer names no worker: {body[:300]!r}")
+        worker = next((w for w, p in target.workers.items() if p.instance_id == chosen), chosen)
+        if any(choice.get("text") for choice in document.get("choices") or []):
+            target.wait_for(lambda: rid in target.ended, 2.0)  # it was served: see the report
+        # the budget a plan would have left is not observable: NaN, never compared
+        return PlanView(next(self._plans), worker, float("nan"))
 
     def plan(self, preview_id: int) -> PlanView | ObservedError:
         unreachable("route plans are not exposed by the frontend")
@@ -734,7 +1063,40 @@ class FrontendHost:
         unreachable("a config-watch gap cannot be produced from outside the frontend")
 
     def set_lora_replicas(self, adapter: str, workers: frozenset[int]) -> None:
-        unreachable("LoRA filtering: see the LoRA findings")
+        """The replica set is where the adapter is loaded: each member registers it
+        (``register_model(…, lora_name=…, base_model_path=…)``), a former member unregisters
+        it. The frontend's LoRA filter narrows to those workers (probed: 6 of 6 requests for
+        a LoRA registered on one of three workers reached it, and none without
+        DYN_LORA_ENABLED)."""
+        target, generation = self.target, self.generation
+        if not generation.lora:
+            raise AssertionError("the host was built without LoRA filtering")
+        name = target.lora_model(generation, adapter)
+        command = {
+            "endpoint": generation.endpoint,
+            "lora": name,
+            "block_size": generation.block_size,
+            "router": generation.router,
+        }
+        for worker_id, worker in target.workers.items():
+            if worker_id in workers:
+                worker.send({"op": "lora", **command})
+            elif name in worker.loras:
+                worker.send({"op": "unlora", **command})
+        target.wait_for(
+            lambda: all(
+                (name in w.loras) == (i in workers) or not w.alive()
+                for i, w in target.workers.items()
+            )
+        )
+        failed = {w.loras.get(name) for i, w in target.workers.items() if i in workers} - {None}
+        if failed:
+            raise RuntimeError(f"registering LoRA {name}: {sorted(map(str, failed))[0]}")
+        if workers:
+            frontend = target._frontend(0, lora=True)
+            if not wait_for_model(frontend.host, frontend.port, name, WAIT_LIMIT):
+                raise RuntimeError(f"the LoRA frontend never listed {name}")
+            time.sleep(0.5)  # every replica's LoRA card reaches the frontend's filter
 
     def bookings(self) -> Mapping[int, int]:
         unreachable(
@@ -756,7 +1118,13 @@ class FrontendHost:
         return int(started), int(completed)
 
     def lora_inflight(self) -> Mapping[str, int]:
-        unreachable("LoRA filtering: see the LoRA findings")
+        unreachable(
+            "LoRA inflight counts: the LoRA frontend's /metrics has no per-adapter count "
+            "(probed with a LoRA request held open on its replica: the only LoRA series were "
+            "dynamo_frontend_lora_churn_loads_total, _churn_unloads_total and "
+            "_overflow_count, all 0 before, during and after; the wheel's "
+            "lora_estimated_load gauge was not published)"
+        )
 
     def inputs(self) -> HostView:
         unreachable("the inputs a policy builds are internal to the frontend's router")

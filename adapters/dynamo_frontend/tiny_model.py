@@ -15,6 +15,30 @@ from pathlib import Path
 VOCAB = 4096
 EOS = VOCAB  # the end-of-sequence token, after the words
 UNK = VOCAB + 1
+BARE_MARK = VOCAB - 2
+"""A prompt starting with this token is a bare call (``Direct``): the worker answers with the
+suite's item convention, ``items`` data tokens of ``data_token(worker, index)``."""
+DATA_BASE = 2048
+STRIDE = 64
+
+
+def data_token(worker: int, index: int) -> int:
+    """The token a bare call's data item ``index`` from suite worker ``worker`` is spelled as."""
+    if not (0 <= index < STRIDE and 0 <= worker < (BARE_MARK - DATA_BASE) // STRIDE):
+        raise ValueError(f"item {index} of worker {worker} has no token in the tiny vocabulary")
+    return DATA_BASE + worker * STRIDE + index
+
+
+def data_item(token: int) -> tuple[int, int] | None:
+    """(worker, index) of a bare call's data token, or None for any other token."""
+    if not DATA_BASE <= token < BARE_MARK:
+        return None
+    return divmod(token - DATA_BASE, STRIDE)
+
+
+LOAD_MARK = VOCAB - 1
+"""A prompt starting with this token is the adapter's load on a worker (``mark_overloaded``):
+the worker holds it without a token until told to end it, whatever its script."""
 
 
 def word(token: int) -> str:

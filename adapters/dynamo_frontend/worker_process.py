@@ -6,13 +6,18 @@ discovery, TCP request plane) and speaks JSON lines on stdin/stdout:
 
 - it prints ``{"op": "ready", "instance_id": N}`` (the id every endpoint of this process has);
 - ``{"op": "serve", "endpoint": "ns.backend.generate", "model": NAME, "block_size": B,
-  "router": {...} | null, "taints": [...], "lora": NAME | null}`` registers the model on a new
+  "router": {...} | null, "taints": [...]}`` registers the model on a new
   endpoint (``register_model(ModelInput.Tokens, …)`` with the router configuration the model
   card advertises) and serves it -> ``{"op": "served", "endpoint": …}`` or
   ``{"op": "serve-failed", "endpoint": …, "error": TEXT}``;
+- ``{"op": "lora" | "unlora", "endpoint": …, "lora": NAME, "block_size": B, "router": …}``
+  registers (unregisters) LoRA adapter NAME on a served endpoint -> ``{"op": "lora-done" |
+  "unlora-done", …}`` or ``{"op": "lora-failed", …}``;
 - ``{"op": "unserve", "endpoint": …}`` unregisters it; ``{"op": "taints", "endpoint": …,
   "taints": [...]}`` updates its taints; ``{"op": "script", "script": {...}}`` sets how every
-  request is answered; ``{"op": "release"}`` releases stalled requests; ``{"op": "quit"}``.
+  request is answered; ``{"op": "release"}`` releases stalled requests; ``{"op": "unload"}``
+  releases load requests (prompts starting with ``LOAD_MARK``, held whatever the script);
+  ``{"op": "quit"}``.
 
 For every request it prints ``{"op": "delivered", "rid": ID, "endpoint": …, "payload":
 {"token_ids", "max_tokens", "min_tokens", "n", "annotations"}}``; ``{"op": "stalled", "rid"}``
@@ -47,6 +52,8 @@ from dynamo.llm import (
     update_model_taints,
 )
 from dynamo.runtime import DistributedRuntime
+
+from routespec.adapters.dynamo_frontend.tiny_model import BARE_MARK, LOAD_MARK, data_token
 
 MODES = {
     "round-robin": "RoundRobin",
@@ -106,9 +113,11 @@ def router_config(router: dict[str, Any] | None) -> Any:
             use_kv_events=False,
         )
     ttl = router.get("affinity_ttl")
+    busy = router.get("busy_prefill_tokens")
     return RouterConfig(
         mode,
         kv,
+        active_prefill_tokens_threshold=None if busy is None else int(busy),
         session_affinity_ttl_secs=ttl,
         session_affinity_mode=str(router.get("affinity_mode", "hard")),
     )
@@ -120,6 +129,8 @@ class Worker:
         self.model_dir = model_dir
         self.script: dict[str, Any] = {"kind": "serve"}
         self.release = asyncio.Event()
+        self.name = 0  # the suite's number for this worker, spelled in bare calls' tokens
+        self.unload = asyncio.Event()  # releases the adapter's load requests (LOAD_MARK)
         self.serving: dict[str, asyncio.Future[Any]] = {}
         self.endpoints: dict[str, Any] = {}
         self.sent: dict[str, int] = {}  # data tokens yielded per request
@@ -155,14 +166,23 @@ class Worker:
     async def answer(
         self, rid: str, payload: dict[str, Any], context: Any
     ) -> AsyncIterator[object]:
+        if payload["token_ids"][:1] == [LOAD_MARK]:
+            # the adapter's load: held, whatever the script, until unloaded
+            emit({"op": "loaded", "rid": rid})
+            await self.wait(self.unload, context)
+            yield {"token_ids": [], "finish_reason": "stop"}
+            return
         script, release = self.script, self.release
         kind = script["kind"]
         if kind == "fail-before":
             raise build_error(script["error"])
         prompt = len(payload["token_ids"])
         budget = payload["max_tokens"] if isinstance(payload["max_tokens"], int) else 16
+        bare = payload["token_ids"][:1] == [BARE_MARK]
         first = int(script.get("items", budget))
-        if kind in ("serve", "stall"):
+        if bare and kind in ("serve", "stall"):  # a bare call's script counts its items
+            total = first + (int(script.get("items_after", 0)) if kind == "stall" else 0)
+        elif kind in ("serve", "stall"):
             first = min(first, budget) if kind == "stall" else budget
             total = budget
         else:
@@ -173,7 +193,8 @@ class Worker:
 
         def item(index: int) -> dict[str, object]:
             finish = "stop" if index == total - 1 else None
-            return {"token_ids": [prompt + index], "finish_reason": finish}
+            token = data_token(self.name, index) if bare else prompt + index
+            return {"token_ids": [token], "finish_reason": finish}
 
         for index in range(first):
             if context.is_stopped():
@@ -241,10 +262,38 @@ class Worker:
         await asyncio.sleep(0)
         emit({"op": "served", "endpoint": name})
 
+    async def lora(self, command: dict[str, Any]) -> None:
+        """Register (or, ``unlora``, unregister) a LoRA adapter on a served endpoint: its own
+        card, whose served name is the adapter's; it makes this worker a replica."""
+        name, lora = str(command["endpoint"]), str(command["lora"])
+        try:
+            endpoint = self.endpoints[name]
+            if command["op"] == "unlora":
+                await unregister_model(endpoint, lora_name=lora)
+            else:
+                await register_model(
+                    ModelInput.Tokens,
+                    ModelType.Chat | ModelType.Completions,
+                    endpoint,
+                    self.model_dir,
+                    lora,
+                    worker_type=WorkerType.Aggregated,
+                    kv_cache_block_size=int(command.get("block_size", 16)),
+                    router_config=router_config(command.get("router")),
+                    lora_name=lora,
+                    base_model_path=self.model_dir,
+                )
+        except Exception as error:
+            emit({"op": "lora-failed", "lora": lora, "error": f"{type(error).__name__}: {error}"})
+            return
+        emit({"op": f"{command['op']}-done", "endpoint": name, "lora": lora})
+
     async def command(self, command: dict[str, Any]) -> bool:
         op = command["op"]
         if op == "serve":
             await self.serve(command)
+        elif op in ("lora", "unlora"):
+            await self.lora(command)
         elif op == "unserve":
             endpoint = self.endpoints.pop(str(command["endpoint"]), None)
             if endpoint is not None:
@@ -262,6 +311,11 @@ class Worker:
         elif op == "release":
             self.release.set()
             self.release = asyncio.Event()
+        elif op == "name":
+            self.name = int(command["worker"])
+        elif op == "unload":
+            self.unload.set()
+            self.unload = asyncio.Event()
         elif op == "quit":
             return False
         return True

@@ -14,8 +14,11 @@ VIOLATES = ("DSP-003",)
 
 
 class OverloadBeforeResolveRouter(PushRouter):
-    def _resolve_and_check(self, target: int, fallback: TransportFallback) -> Instance:
-        self._check_overload(target)
+    def _resolve_and_check(
+        self, target: int, fallback: TransportFallback, check_overload: bool = True
+    ) -> Instance:
+        if check_overload:
+            self._check_overload(target)
         return self._resolve_transport(target, fallback)
 
 

@@ -94,6 +94,7 @@ _REASON_OF_KIND: dict[ErrorKind, str] = {
     ErrorKind.UNKNOWN: "runtime.unclassified",
 }
 UNCLASSIFIED_REASON = "runtime.unclassified"
+REASON = re.compile(r"[a-z0-9._-]{1,128}")  # ERR-004
 
 
 def error_class_of(error_type: ErrorType) -> ErrorClass:
@@ -151,8 +152,13 @@ class RoutingError(Exception):
         message: str,
         *,
         cause: BaseException | None = None,
+        reason: str | None = None,
     ) -> None:
+        if reason is not None and (error_type is None or not REASON.fullmatch(reason)):
+            raise ValueError(f"reason {reason!r} needs a type and [a-z0-9._-]{{1,128}} (ERR-004)")
         self.error_type = error_type
+        self.explicit_reason = reason
+        """A reason other than the type's default, as a worker or a newer runtime wrote it."""
         self.message = bound_message(message)
         super().__init__(self.message)
         if cause is not None:
@@ -168,7 +174,7 @@ class RoutingError(Exception):
         typed = self.first_typed_link()
         if typed is None:
             return UNCLASSIFIED_REASON
-        return default_reason_of(_type_of(typed))  # ERR-004
+        return link_reason(typed)  # ERR-004
 
     def first_typed_link(self) -> RoutingError | None:
         return next((link for link in typed_links(self)), None)
@@ -208,16 +214,35 @@ def chain_types(error: BaseException) -> tuple[ErrorType, ...]:
     return tuple(_type_of(link) for link in typed_links(error))
 
 
+def link_reason(link: RoutingError) -> str:
+    """A typed link's own reason: the one it was given, else its type's default (ERR-004)."""
+    return link.explicit_reason or default_reason_of(_type_of(link))
+
+
 MIGRATION_BLOCKING_TYPES: frozenset[ErrorType] = frozenset(
     {ErrorKind.CANCELLED, ErrorKind.RESOURCE_EXHAUSTED, BackendKind.CANCELLED}
 )
 """Types that veto migration wherever they appear in a chain. The transport withholds such a
 cause from a pre-stream failure (TRN-005); migration refuses to retry them. One definition."""
 
+MIGRATION_BLOCKING_REASONS: frozenset[str] = frozenset(
+    {"request.cancelled", "backend.cancelled", "capacity.pool_exhausted", "capacity.exhausted"}
+)
+"""Reasons that veto migration whatever the link's type, as Dynamo classifies (MIG-016); the
+blocking types carry the first three by default, and ``capacity.exhausted`` is the reason of
+the canonical ``CapacityExhausted`` class a newer runtime writes."""
+
+
+def is_blocking_link(link: RoutingError) -> bool:
+    """A typed link that vetoes migration: by its type or by its reason (MIG-001, MIG-016)."""
+    return _type_of(link) in MIGRATION_BLOCKING_TYPES or (
+        link_reason(link) in MIGRATION_BLOCKING_REASONS
+    )
+
 
 def is_migration_sensitive(error: BaseException) -> bool:
-    """True when any typed link of the chain has a migration-blocking type."""
-    return any(error_type in MIGRATION_BLOCKING_TYPES for error_type in chain_types(error))
+    """True when any typed link of the chain blocks migration, by type or reason (TRN-006)."""
+    return any(is_blocking_link(link) for link in typed_links(error))
 
 
 def type_of_reason(reason: object) -> ErrorType | None:

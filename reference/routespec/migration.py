@@ -20,6 +20,7 @@ from routespec.errors import (
     ErrorKind,
     ErrorType,
     RoutingError,
+    is_migration_sensitive,
     match_error_chain,
 )
 from routespec.routing.exclusions import Exclusions
@@ -50,8 +51,10 @@ Attempt = Callable[[Request, Exclusions], Awaitable[ItemStream]]
 
 
 def is_migratable(error: BaseException) -> bool:
-    """A migratable type on some link and no blocking type on any link (MIG-001, MIG-002,
-    MIG-003)."""
+    """A migratable type on some link and no blocking link, by type or by reason (MIG-001,
+    MIG-002, MIG-003, MIG-016): the transport's sensitive test is the same (MIG-015)."""
+    if is_migration_sensitive(error):
+        return False
     return match_error_chain(error, MIGRATABLE_TYPES, BLOCKING_TYPES)
 
 

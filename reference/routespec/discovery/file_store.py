@@ -344,6 +344,7 @@ class FileDiscovery:
     ttl: float = DEFAULT_TTL
     on_skipped: SkipCallback = log_skipped
     _records: dict[int, Instance] = attrs.field(factory=dict, init=False)
+    _ids: tuple[int, ...] | None = attrs.field(default=None, init=False)  # until records change
     _skipped: SkippedRecords = attrs.field(init=False)
 
     @endpoint.validator
@@ -388,6 +389,8 @@ class FileDiscovery:
         self._skipped.keep(unusable)
         added = frozenset(found.keys() - self._records.keys())
         removed = frozenset(self._records.keys() - found.keys())
+        if found != self._records:
+            self._ids = None  # a new tuple tells WorkerSets to look again (devices too)
         self._records = found
         return added, removed
 
@@ -437,7 +440,9 @@ class FileDiscovery:
 
     def instance_ids(self) -> tuple[int, ...]:
         """The discovered ids, sorted and de-duplicated (SET-001)."""
-        return tuple(sorted(self._records))
+        if self._ids is None:
+            self._ids = tuple(sorted(self._records))
+        return self._ids
 
     def lookup(self, instance_id: int) -> Instance | None:
         return self._records.get(instance_id)

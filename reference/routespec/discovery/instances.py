@@ -22,7 +22,10 @@ class Discovery(Protocol):
     """What the router reads from a discovery store."""
 
     def instance_ids(self) -> tuple[int, ...]:
-        """The discovered ids of the endpoint, sorted and de-duplicated (SET-001)."""
+        """The discovered ids of the endpoint, sorted and de-duplicated (SET-001).
+
+        Returning the same tuple object while nothing changed lets ``WorkerSets`` skip its
+        O(N) comparison with the last list."""
         ...
 
     def lookup(self, instance_id: int) -> Instance | None:
@@ -45,21 +48,27 @@ class MemoryDiscovery:
 
     _listed: dict[int, str] = attrs.field(factory=dict)  # id -> device type
     _records: dict[int, Instance] = attrs.field(factory=dict)
+    _ids: tuple[int, ...] | None = None  # the sorted list, kept until the listing changes
 
     def register(self, instance: Instance) -> None:
         self._listed[instance.instance_id] = instance.device_type
         self._records[instance.instance_id] = instance
+        self._ids = None
 
     def deregister(self, instance_id: int) -> None:
         self._listed.pop(instance_id, None)
         self._records.pop(instance_id, None)
+        self._ids = None
 
     def withdraw(self, instance_id: int) -> None:
         self._records.pop(instance_id, None)
 
     def instance_ids(self) -> tuple[int, ...]:
-        """The discovered ids, sorted and de-duplicated (SET-001)."""
-        return tuple(sorted(self._listed))
+        """The discovered ids, sorted and de-duplicated (SET-001); the same tuple while the
+        listing is unchanged, so ``WorkerSets`` sees no change in O(1)."""
+        if self._ids is None:
+            self._ids = tuple(sorted(self._listed))
+        return self._ids
 
     def lookup(self, instance_id: int) -> Instance | None:
         """The transport record of a live instance, or None when it cannot be resolved."""

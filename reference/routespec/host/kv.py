@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from itertools import accumulate, compress, repeat
 
 import attrs
 
@@ -15,32 +17,45 @@ DEFAULT_BLOCK_SIZE = 16
 
 def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
     """Chained hashes of the full blocks: a block's hash covers every token before it."""
-    hashes: list[int] = []
-    parent = 0
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash((parent, tuple(tokens[start : start + block_size])))
-        hashes.append(parent)
-    return hashes
+    # full blocks as tuples, chunked in C; a partial last block is left out
+    blocks = zip(*[iter(tokens)] * block_size, strict=False)
+    chained = accumulate(blocks, lambda parent, block: hash((parent, block)), initial=0)
+    return list(chained)[1:]
 
 
 MAX_BLOCKS_PER_WORKER = 1 << 16
+NO_HOLDERS: frozenset[int] = frozenset()
 
 
 @attrs.define
 class PrefixIndex:
     """Which blocks each worker holds, as routing decisions predict it (KVS-001); each
-    worker keeps its ``max_blocks`` most recently recorded blocks, so memory is bounded."""
+    worker keeps its ``max_blocks`` most recently recorded blocks, so memory is bounded.
+
+    Kept both ways: each worker's blocks (for eviction) and each block's holders (to match
+    a prompt against every worker at once, as a radix tree of chained block hashes would).
+    """
 
     max_blocks: int = MAX_BLOCKS_PER_WORKER
     _cached: dict[int, dict[int, None]] = attrs.field(factory=dict)  # insertion-ordered sets
+    _holders: dict[int, set[int]] = attrs.field(factory=dict)  # block -> workers holding it
 
     def record(self, worker_id: int, hashes: Iterable[int]) -> None:
+        """O(1) per block recorded or evicted."""
         held = self._cached.setdefault(worker_id, {})
         for block in hashes:
-            held.pop(block, None)
+            if block in held:
+                del held[block]
+            else:
+                self._holders.setdefault(block, set()).add(worker_id)
             held[block] = None  # most recent last
         while len(held) > self.max_blocks:
-            del held[next(iter(held))]
+            evicted = next(iter(held))
+            del held[evicted]
+            holders = self._holders[evicted]
+            holders.discard(worker_id)
+            if not holders:
+                del self._holders[evicted]
 
     def overlap(self, worker_id: int, hashes: Sequence[int]) -> int:
         """The number of leading blocks the worker holds."""
@@ -51,6 +66,23 @@ class PrefixIndex:
                 break
             count += 1
         return count
+
+    def overlaps(self, hashes: Sequence[int]) -> dict[int, int]:
+        """``overlap`` of every worker holding the first block (the others' is 0), walking
+        the prompt's blocks once while any worker still holds all of them: O(matched
+        blocks) steps, each a set intersection over the workers still matching."""
+        holders, matched = self._holders, {}
+        alive: AbstractSet[int] = holders.get(hashes[0], NO_HOLDERS) if hashes else NO_HOLDERS
+        depth, end = 1, len(hashes)
+        while alive and depth < end:
+            next_holders = holders.get(hashes[depth], NO_HOLDERS)
+            if not alive <= next_holders:  # some matching worker stops here
+                kept = alive & next_holders
+                matched.update(dict.fromkeys(alive - kept, depth))
+                alive = kept
+            depth += 1
+        matched.update(dict.fromkeys(alive, depth))
+        return matched
 
 
 @attrs.define(eq=False)
@@ -67,12 +99,6 @@ class KvBooking:
             self.released = True
             self._scheduler._unbook(self)
 
-    def retarget(self, worker_id: int) -> None:
-        """Move the load to the worker transport fallback actually used."""
-        self._scheduler._unbook(self)
-        self.worker_id = worker_id
-        self._scheduler._add(self)
-
 
 @attrs.define
 class KvScheduler:
@@ -82,6 +108,7 @@ class KvScheduler:
     index: PrefixIndex = attrs.field(factory=PrefixIndex)
     _requests: dict[int, int] = attrs.field(factory=dict)  # worker -> active requests
     _blocks: dict[int, int] = attrs.field(factory=dict)  # worker -> active decode blocks
+    _last: tuple[Sequence[int] | None, list[int]] = (None, [])
 
     def __attrs_post_init__(self) -> None:
         if self.block_size < 1 or self.temperature < 0:
@@ -94,20 +121,43 @@ class KvScheduler:
     def request_blocks(self, tokens: Sequence[int]) -> int:
         return math.ceil(len(tokens) / self.block_size)
 
+    def hashes(self, tokens: Sequence[int]) -> list[int]:
+        """The prompt's block hashes, O(T); the last prompt's are kept, so selecting,
+        booking and recording one request hash it once (the list must not be mutated)."""
+        last_tokens, last_hashes = self._last
+        if tokens is not last_tokens:
+            last_hashes = block_hashes(tokens, self.block_size)
+            self._last = (tokens, last_hashes)  # holding ``tokens`` keeps its id unique
+        return last_hashes
+
     def costs(self, tokens: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
-        """Prefill blocks not cached on the worker plus decode blocks active on it (KVS-002)."""
-        hashes = block_hashes(tokens, self.block_size)
-        own = self.request_blocks(tokens)
-        return {
-            worker: own - self.index.overlap(worker, hashes) + self._blocks.get(worker, 0) + own
-            for worker in candidates
-        }
+        """Prefill blocks not cached on the worker plus decode blocks active on it (KVS-002):
+        the request's blocks twice (prefill and decode), minus the worker's overlap, plus its
+        active decode blocks."""
+        own = 2 * self.request_blocks(tokens)
+        return {w: own + c for w, c in self._relative_costs(tokens, candidates).items()}
+
+    def _relative_costs(self, tokens: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
+        """``costs`` less the request's own blocks, the same for every worker, in candidate
+        order. For N candidates and a prompt of T tokens in B blocks: O(T) to hash it (once
+        per request), O(sum of matched blocks) set probes to match it against every worker
+        through the block index (at most B steps), then O(N) C-level reads of the decode
+        load and one update per matching worker."""
+        matched = self.index.overlaps(self.hashes(tokens))
+        workers = list(candidates)
+        relative = dict(zip(workers, map(self._blocks.get, workers, repeat(0)), strict=True))
+        for worker, overlap in matched.items():
+            if worker in relative:
+                relative[worker] -= overlap
+        return relative
 
     def select(self, tokens: Sequence[int], candidates: Sequence[int]) -> int:
-        costs = self.costs(tokens, candidates)
+        # ranking and softmax weights do not change when every cost moves by the same amount
+        costs = self._relative_costs(tokens, candidates)
         if self.temperature == 0:
             lowest = min(costs.values())
-            return self.rng.choice([w for w in candidates if costs[w] == lowest])  # KVS-003
+            tied = list(compress(costs, map(lowest.__eq__, costs.values())))
+            return self.rng.choice(tied)  # KVS-003
         return self._sample(costs)
 
     def _sample(self, costs: Mapping[int, int]) -> int:

@@ -10,7 +10,7 @@ from typing import Protocol
 import trio
 
 from routespec.host.request import RequestContext
-from routespec.routing.streaming import Annotated, ItemStream
+from routespec.routing.streaming import Annotated, ItemStream, ReadInterrupted, interrupter
 
 DRAIN_TIMEOUT = 5.0
 DRAINABLE_FINISH_REASONS = frozenset({"error", "cancelled"})
@@ -27,7 +27,7 @@ def classify_item(item: Annotated) -> ItemClass:
     if item.error is not None:
         return ItemClass.FAILED
     data = item.data
-    finish = data.get("finish_reason") if isinstance(data, Mapping) else None
+    finish = data.get("finish_reason") if isinstance(data, (dict, Mapping)) else None
     if finish in DRAINABLE_FINISH_REASONS:
         return ItemClass.DRAINABLE_TERMINAL
     return ItemClass.HEALTHY
@@ -66,11 +66,38 @@ class MonitoredStream:
         self._deadline: float | None = None
         self._ready: collections.deque[Annotated] = collections.deque()
         self._done = False
+        self._read_scope: trio.CancelScope | None = None
+        self._reading = False
+        self._listening = False
+        # A stream that can interrupt its own read spares a cancel scope per item (MON-007).
+        self._interrupt = interrupter(inner)
 
     def __aiter__(self) -> MonitoredStream:
         return self
 
     async def __anext__(self) -> Annotated:
+        if (
+            self._interrupt is not None
+            and self._listening
+            and self._deadline is None  # nothing withheld, no drain window
+            and not self._ready
+            and not self._done
+            and not self._context.stopped
+        ):
+            # The common case, without _step's frames: a healthy item passes straight through.
+            self._reading = True
+            try:
+                item = await self._inner.__anext__()
+            except ReadInterrupted:
+                await self._ended(_Stopped())
+            except StopAsyncIteration as end:
+                await self._ended(end)
+            else:
+                if classify_item(item) is ItemClass.HEALTHY:
+                    return item
+                await self._take(item)
+            finally:
+                self._reading = False
         while not self._ready:
             if self._done:
                 raise StopAsyncIteration
@@ -80,16 +107,22 @@ class MonitoredStream:
     async def _step(self) -> None:
         try:
             item = await self._read()
-        except _Stopped:
+        except (_Stopped, _DrainExpired, StopAsyncIteration) as end:
+            await self._ended(end)
+            return
+        await self._take(item)
+
+    async def _ended(self, end: Exception) -> None:
+        """The read ended without an item: a stop, the drain deadline, or the stream's end."""
+        if isinstance(end, _Stopped):
             self._withheld = None  # MON-007: a client stop preempts the drain
             await self._close()
-            return
-        except _DrainExpired:
+        elif isinstance(end, _DrainExpired):
             await self._close()  # MON-005: the deadline ends the drain
-            return
-        except StopAsyncIteration:
+        else:
             await self._close(completed=self._withheld is None)  # MON-005, MON-006
-            return
+
+    async def _take(self, item: Annotated) -> None:
         kind = classify_item(item)
         if kind is ItemClass.FAILED:
             self._withheld = None  # MON-003: the error replaces the terminal frame
@@ -107,16 +140,33 @@ class MonitoredStream:
     async def _read(self) -> Annotated:
         if self._context.stopped:
             raise _Stopped
-        deadline = float("inf")
-        if self._withheld is not None and self._deadline is not None:  # draining
-            deadline = self._deadline
-        with trio.CancelScope(deadline=deadline) as scope:
-            self._context.listen(scope.cancel)
+        if not self._listening:  # one listener for the stream's life, not one per item
+            self._listening = True
+            self._context.listen(self._on_stop)
+        deadline = None if self._withheld is None else self._deadline  # set: draining
+        if self._interrupt is not None and deadline is None:
+            self._reading = True  # a stop interrupts the stream's own read scope
+            try:
+                return await self._inner.__anext__()
+            except ReadInterrupted:
+                raise _Stopped from None
+            finally:
+                self._reading = False
+        # no deadline to register: the cheaper scope
+        scope = trio.CancelScope() if deadline is None else trio.CancelScope(deadline=deadline)
+        with scope:
+            self._read_scope = scope
             try:
                 return await self._inner.__anext__()
             finally:
-                self._context.unlisten(scope.cancel)
+                self._read_scope = None
         raise _Stopped if self._context.stopped else _DrainExpired
+
+    def _on_stop(self) -> None:
+        if self._read_scope is not None:
+            self._read_scope.cancel()  # MON-007: a stop interrupts a waiting read
+        elif self._reading and self._interrupt is not None:
+            self._interrupt()
 
     def _publish_withheld(self) -> None:
         if self._withheld is not None:
@@ -125,6 +175,9 @@ class MonitoredStream:
 
     def _end(self, *, completed: bool) -> None:
         self._done = True
+        if self._listening:
+            self._listening = False
+            self._context.unlisten(self._on_stop)
         self._admission.release(completed=completed)
 
     async def _close(self, *, completed: bool = False) -> None:

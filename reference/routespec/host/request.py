@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 
 import attrs
@@ -83,6 +84,16 @@ class HostRequest:
         return self.phase is Phase.DECODE and self.staged_kv
 
     def tokens(self) -> list[int]:
+        """The prompt's token ids; one list per request, so read it, never change it."""
+        return self._tokens
+
+    @functools.cached_property
+    def _tokens(self) -> list[int]:
+        # O(T) once: selection, admission and recording each read the prompt
         payload = self.request.payload
         tokens = payload.get("token_ids") if isinstance(payload, dict) else None
-        return [t for t in tokens if isinstance(t, int)] if isinstance(tokens, list) else []
+        if not isinstance(tokens, list):
+            return []
+        if set(map(type, tokens)) <= {int}:  # the usual prompt: no per-token Python code
+            return list(tokens)
+        return [t for t in tokens if isinstance(t, int)]

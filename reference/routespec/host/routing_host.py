@@ -21,7 +21,7 @@ from routespec.host.affinity import (
     Initialize,
 )
 from routespec.host.budget import CleanupBudget, run_stage
-from routespec.host.kv import KvBooking, KvScheduler, block_hashes
+from routespec.host.kv import KvBooking, KvScheduler
 from routespec.host.lora import LoraFilter
 from routespec.host.monitor import MonitoredStream
 from routespec.host.request import HostRequest
@@ -266,7 +266,7 @@ class RoutingHost:
         field, worker_id = explicit
         if self._lora_set(request) is not None:
             return worker_id
-        if worker_id not in self.router.worker_sets.discovered_ids():
+        if not self.router.worker_sets.is_discovered(worker_id):
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
                 f"nvext.{field}={worker_id} does not identify a known worker",
@@ -330,7 +330,7 @@ class RoutingHost:
         """The route a binding dictates, or None to select as if unbound."""
         assert self.affinity is not None
         target = bound.target
-        discovered = target.worker_id in self.router.worker_sets.discovered_ids()
+        discovered = self.router.worker_sets.is_discovered(target.worker_id)
         if self.policy is RouterMode.DIRECT:
             if not discovered:  # HST-009: stale, not invalid input; forget it
                 self.affinity.invalidate(bound.session_id, target)
@@ -395,6 +395,12 @@ class RoutingHost:
     def _usable(self, request: HostRequest, worker_ids: Sequence[int]) -> list[int]:
         """The workers of ``worker_ids`` the request's constraints and LoRA set allow."""
         lora_set = self._lora_set(request)
+        hints = request.hints
+        if lora_set is None and hints.allowed_worker_ids is None and not hints.required_taints:
+            # unconstrained: one membership test per worker at most (KVS-014)
+            if self.kv is None:
+                return list(worker_ids)
+            return list(filter(self.worker_configs.__contains__, worker_ids))
         return [
             w
             for w in worker_ids
@@ -459,18 +465,23 @@ class RoutingHost:
 
         async def record() -> None:
             if kv is not None:  # routing decisions stand in for KV events (KVS-001)
-                kv.index.record(route.worker_id, block_hashes(request.tokens(), kv.block_size))
+                kv.index.record(route.worker_id, kv.hashes(request.tokens()))
 
         def prepare(outgoing: Request, instance_id: int) -> Request:
-            """Transport fallback chose ``instance_id``: the decision follows it (KVS-013)."""
-            if instance_id != route.worker_id and kv is not None and route.booking is not None:
-                route.booking.retarget(instance_id)
-                kv.index.record(instance_id, block_hashes(request.tokens(), kv.block_size))
             return outgoing if self.prepare is None else self.prepare(outgoing, instance_id)
+
+        # A KV-admitted route is exact: the booking and the index entry stay true (KVS-016).
+        admitted = kv is not None and route.booking is not None
 
         async def send() -> MonitoredStream:
             stream = await self.router.dispatch_to(
-                request.request, route.worker_id, route.fallback, route.permit, prepare, exclusions
+                request.request,
+                route.worker_id,
+                route.fallback,
+                route.permit,
+                prepare,
+                exclusions,
+                admitted=admitted,
             )
             admission.dispatched = True
             self._settle_affinity(route, stream.instance_id)  # only a dispatch that happened

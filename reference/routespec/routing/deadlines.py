@@ -17,6 +17,7 @@ worker failure (TMO-006, TMO-007).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -24,7 +25,14 @@ import trio
 
 from routespec.discovery.instances import Instance
 from routespec.errors import ErrorKind, RoutingError
-from routespec.routing.streaming import Annotated, ItemStream, Request, StreamingDispatch
+from routespec.routing.streaming import (
+    Annotated,
+    ItemStream,
+    ReadInterrupted,
+    Request,
+    StreamingDispatch,
+    readiness,
+)
 
 DEFAULT_CONNECT_TIMEOUT = 5.0  # TMO-001, as Dynamo's DYN_TCP_CONNECT_TIMEOUT
 DEFAULT_ACK_TIMEOUT = 5.0  # TMO-002, as Dynamo's DYN_TCP_REQUEST_TIMEOUT
@@ -98,6 +106,18 @@ class DeadlineStream:
         self._inactivity_timeout = deadlines.inactivity_timeout
         self._items_seen = False
         self._expired = False
+        self._read_scope: trio.CancelScope | None = None
+        self._interrupted = False
+        self._ready = readiness(inner)
+
+    def interrupter(self) -> Callable[[], None]:
+        return self._interrupt
+
+    def _interrupt(self) -> None:
+        # The deadline's scope serves the reader too: one scope per item, not two.
+        self._interrupted = True
+        if self._read_scope is not None:
+            self._read_scope.cancel()
 
     def __aiter__(self) -> DeadlineStream:
         return self
@@ -105,11 +125,22 @@ class DeadlineStream:
     async def __anext__(self) -> Annotated:
         if self._expired:
             raise StopAsyncIteration
-        seconds = self._inactivity_timeout if self._items_seen else self._first_item_timeout
-        with trio.move_on_after(seconds):
-            item = await self._inner.__anext__()  # its end (StopAsyncIteration) passes through
+        if self._interrupted:
+            raise ReadInterrupted
+        if self._ready is not None and self._ready():  # in hand: no deadline to arm
+            item = await self._inner.__anext__()
             self._items_seen = True
             return item
+        seconds = self._inactivity_timeout if self._items_seen else self._first_item_timeout
+        with trio.move_on_after(seconds) as self._read_scope:
+            try:
+                item = await self._inner.__anext__()  # its end (StopAsyncIteration) passes
+            finally:
+                self._read_scope = None
+            self._items_seen = True
+            return item
+        if self._interrupted:
+            raise ReadInterrupted  # the reader's stop, not the deadline
         self._expired = True
         with trio.CancelScope(shield=True):
             await self._inner.aclose()  # the worker is told to stop (TRN-017)

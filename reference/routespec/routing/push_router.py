@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import attrs
@@ -12,6 +12,8 @@ from routespec.discovery.instances import Discovery, Instance
 from routespec.errors import ErrorKind, RoutingError
 from routespec.routing.exclusions import Exclusions
 from routespec.routing.fault_detection import observe_fault
+from routespec.routing.load_index import LoadIndex
+from routespec.routing.load_thresholds import LoadMonitor, LoadReport, LoadThresholds
 from routespec.routing.occupancy import OccupancyTracker, Permit
 from routespec.routing.selection import DEFAULT_DEVICE_RATIO, RouterMode, Selector
 from routespec.routing.streaming import (
@@ -20,6 +22,7 @@ from routespec.routing.streaming import (
     Request,
     RequestStream,
     StreamingDispatch,
+    interrupter,
 )
 from routespec.routing.worker_sets import DEFAULT_INHIBITED_DURATION, WorkerSets
 
@@ -57,6 +60,7 @@ class PushRouter:
     worker_sets: WorkerSets
     selector: Selector
     fault_detection: bool = True
+    load_monitor: LoadMonitor | None = None  # None: no thresholds, load never overloads
     selector_class: ClassVar[type[Selector]] = Selector
 
     @classmethod
@@ -70,12 +74,22 @@ class PushRouter:
         fault_detection: bool = True,
         rng: random.Random | None = None,
         device_ratio: int = DEFAULT_DEVICE_RATIO,
+        load_thresholds: LoadThresholds | None = None,
     ) -> PushRouter:
         selector = cls.selector_class(
             OccupancyTracker(), rng or random.Random(), discovery.device_type, device_ratio
         )
         worker_sets = WorkerSets(discovery, inhibited_duration)
-        return cls(endpoint, discovery, transport, worker_sets, selector, fault_detection)
+        selector.follow(LoadIndex(worker_sets, selector.occupancy, discovery.device_type))
+        thresholds = load_thresholds or LoadThresholds()  # SET-006: refused here if invalid
+        monitor = LoadMonitor(thresholds, worker_sets.set_monitor_overloaded)
+        return cls(endpoint, discovery, transport, worker_sets, selector, fault_detection, monitor)
+
+    def report_load(self, instance_id: int, report: LoadReport) -> None:
+        """A worker's load report reaches the load monitor, whose verdicts are the
+        overloaded set's monitor part (SET-003, SET-005)."""
+        if self.load_monitor is not None:
+            self.load_monitor.report(instance_id, report)
 
     @property
     def occupancy(self) -> OccupancyTracker:
@@ -107,7 +121,7 @@ class PushRouter:
             )
         if exclusions and not exclusions.eligible(self.worker_sets.routable_ids()):
             raise exclusions.exhausted()  # MIG-012: every routable worker has failed it
-        free = self.worker_sets.free_ids()
+        free: Sequence[int] = self.worker_sets.free()  # read in place, not copied
         if exclusions:
             free = tuple(exclusions.eligible(free))
         if not free:
@@ -163,10 +177,18 @@ class PushRouter:
         permit: Permit | None = None,
         prepare: Prepare | None = None,
         exclusions: Exclusions | None = None,
+        *,
+        admitted: bool = False,
     ) -> RouterStream:
         """Dispatch to a worker a routing host chose, with the fallback it allows; a failure
-        is recorded in ``exclusions`` before it is visible (MIG-010)."""
-        return await self._dispatch(request, instance_id, fallback, permit, prepare, exclusions)
+        is recorded in ``exclusions`` before it is visible (MIG-010). ``admitted``: the host's
+        KV admission already booked the worker, so the dispatch is exact and its overload is
+        not checked again (KVS-016)."""
+        if admitted:
+            fallback = DENY
+        return await self._dispatch(
+            request, instance_id, fallback, permit, prepare, exclusions, check_overload=not admitted
+        )
 
     async def _dispatch(
         self,
@@ -176,6 +198,8 @@ class PushRouter:
         permit: Permit | None,
         prepare: Prepare | None,
         exclusions: Exclusions | None = None,
+        *,
+        check_overload: bool = True,
     ) -> RouterStream:
         def on_fault(instance_id: int, error: RoutingError) -> None:
             self._observe_fault(instance_id, error)
@@ -183,7 +207,7 @@ class PushRouter:
                 exclusions.record(instance_id, error)  # MIG-010: before it is visible
 
         try:
-            instance = self._resolve_and_check(target, fallback)
+            instance = self._resolve_and_check(target, fallback, check_overload)
             if permit is not None and instance.instance_id != permit.instance_id:
                 permit.retarget(instance.instance_id)  # DSP-012
             prepared = request if prepare is None else prepare(request, instance.instance_id)
@@ -208,10 +232,13 @@ class PushRouter:
         """The caller's view of ``stream``; the permit is now the stream's to release."""
         return RouterStream(stream, instance_id, permit, on_fault)
 
-    def _resolve_and_check(self, target: int, fallback: TransportFallback) -> Instance:
+    def _resolve_and_check(
+        self, target: int, fallback: TransportFallback, check_overload: bool = True
+    ) -> Instance:
         """Resolve transport, then check overload on the resolved worker (DSP-003, DSP-004)."""
         instance = self._resolve_transport(target, fallback)
-        self._check_overload(instance.instance_id)
+        if check_overload:
+            self._check_overload(instance.instance_id)
         return instance
 
     def _resolve_transport(self, target: int, fallback: TransportFallback) -> Instance:
@@ -225,13 +252,13 @@ class PushRouter:
                 f"instance_id={target} not found for endpoint {self.endpoint}",
             )  # DSP-002
         candidate = next(
-            (i for i in self.worker_sets.free_ids() if i != target and fallback.permits(i)), None
+            (i for i in self.worker_sets.free() if i != target and fallback.permits(i)), None
         )  # DSP-005, DSP-006
         if candidate is None:
-            # Deliberately untyped: an empty candidate list can mean pool-wide overload,
-            # policy exclusion or no worker at all (DSP-008).
+            # Pool-level Unavailable: an empty candidate list can mean pool-wide overload,
+            # policy exclusion or no worker at all; no worker is to blame (DSP-008).
             raise RoutingError(
-                None,
+                ErrorKind.UNAVAILABLE,
                 f"Instance {target} not found and no other instances available "
                 f"for endpoint {self.endpoint}",
             )
@@ -244,6 +271,7 @@ class PushRouter:
         return instance
 
     def _check_overload(self, instance_id: int) -> None:
+        # Without fault detection there is no overload check (FLT-009).
         if self.fault_detection and self.worker_sets.is_overloaded(instance_id):
             raise RoutingError(
                 ErrorKind.WORKER_OVERLOADED,
@@ -251,7 +279,7 @@ class PushRouter:
             )  # DSP-004
 
     def _observe_fault(self, instance_id: int, error: RoutingError) -> None:
-        if self.fault_detection:
+        if self.fault_detection:  # off: no report-down, no lease (FLT-009)
             observe_fault(self.worker_sets, instance_id, error)
 
 
@@ -270,6 +298,9 @@ class RouterStream:
 
     def __aiter__(self) -> RouterStream:
         return self
+
+    def interrupter(self) -> Callable[[], None] | None:
+        return interrupter(self._inner)
 
     async def __anext__(self) -> Annotated:
         try:

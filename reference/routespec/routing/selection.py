@@ -1,4 +1,13 @@
-"""Router modes and non-exact worker selection over the free set (spec: SEL)."""
+"""Router modes and non-exact worker selection over the free set (spec: SEL).
+
+Over the router's own free set (a ``FreeView``) with a ``LoadIndex`` attached, a decision
+does not grow with the fleet: RoundRobin and Random read one position of the sorted free
+set (a ``SortedList``: O(log N) with a tiny constant, O(1) up to 1,000 free workers),
+PowerOfTwoChoices two positions and two counts, LeastLoaded and DeviceAwareWeighted the head
+of a load-ordered index (O(log N) to book). Any other sequence of candidates (a migrating
+request's untried workers, a routing host's constrained list) takes the plain O(N) path;
+both pick the same worker (the spec's definitions, spec/selection.md).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,13 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from routespec.routing.load_index import CPU, LoadIndex
 from routespec.routing.occupancy import OccupancyTracker, Permit
+from routespec.routing.worker_sets import FreeView
+
+__all__ = ["CPU", "DEFAULT_DEVICE_RATIO", "RouterMode", "Selector"]
 
 DEFAULT_DEVICE_RATIO = 8  # SEL-010: non-CPU to CPU capacity ratio
-CPU = "cpu"
 
 
 class RouterMode(enum.Enum):
@@ -35,12 +47,27 @@ class Selector:
     device_of: Callable[[int], str | None]
     device_ratio: int = DEFAULT_DEVICE_RATIO
     _round_robin_selections: int = 0
+    index: LoadIndex | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.device_ratio < 1:
             raise ValueError(f"device_ratio={self.device_ratio} must be >= 1 (SEL-010)")
 
+    def follow(self, index: LoadIndex) -> None:
+        """Select over ``index.sets``' free set by the load index, not by scanning it."""
+        if index.occupancy is not self.occupancy:
+            raise ValueError("the load index must follow this selector's occupancy")
+        self.index = index
+
     def select(self, mode: RouterMode, free: Sequence[int]) -> tuple[int, Permit | None]:
+        index = self.index
+        if index is not None and isinstance(free, FreeView) and free.sets is index.sets:
+            if mode is RouterMode.LEAST_LOADED:
+                chosen = index.least_loaded()
+                return chosen, self.occupancy.book(chosen)
+            if mode is RouterMode.DEVICE_AWARE_WEIGHTED:
+                chosen = index.device_aware(self.device_ratio)
+                return chosen, self.occupancy.book(chosen)
         if mode is RouterMode.ROUND_ROBIN:
             chosen = free[self._round_robin_selections % len(free)]  # SEL-006
             self._round_robin_selections += 1
@@ -59,7 +86,11 @@ class Selector:
         """Two distinct random candidates; the less loaded wins, a tie keeps the first (SEL-008)."""
         if len(free) == 1:
             return free[0]
-        first, second = self.rng.sample(list(free), 2)
+        # two distinct positions, without copying the free set
+        size = len(free)
+        first_at = self.rng.randrange(size)
+        second_at = self.rng.randrange(size - 1)
+        first, second = free[first_at], free[second_at + (second_at >= first_at)]
         return first if self.occupancy.load(first) <= self.occupancy.load(second) else second
 
     def _least_loaded(self, candidates: Sequence[int]) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 import attrs
@@ -62,6 +62,29 @@ class ItemStream(Protocol):
     async def __anext__(self) -> Annotated: ...
 
     async def aclose(self) -> None: ...
+
+
+class ReadInterrupted(Exception):
+    """A pending read ended because its reader interrupted it (see ``interrupter``)."""
+
+
+def interrupter(stream: object) -> Callable[[], None] | None:
+    """How a reader interrupts ``stream``'s pending read, or None if it cannot.
+
+    A stream that opens a cancel scope for each read anyway offers ``interrupter()``: calling
+    what it returns cancels that scope, and the read (pending, or the next one) raises
+    ``ReadInterrupted``. A reader (the routing host's monitor) then needs no scope of its own
+    per item: cancel scopes must nest, so it cannot open one only when a read must wait.
+    """
+    offer = getattr(stream, "interrupter", None)
+    return None if offer is None else offer()
+
+
+def readiness(stream: object) -> Callable[[], bool] | None:
+    """``stream``'s ``ready``, if it has one: True when its next read cannot wait (the item,
+    or the end, is already in hand), so a reader need not arm a deadline for it."""
+    ready = getattr(stream, "ready", None)
+    return ready
 
 
 class StreamingDispatch(Protocol):

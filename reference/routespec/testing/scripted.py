@@ -35,7 +35,7 @@ def build_error(spec: ErrorSpec) -> RoutingError:
     """The ``RoutingError`` chain an ``ErrorSpec`` describes."""
     cause = None if spec.cause is None else build_error(spec.cause)
     error_type = None if spec.type is None else parse_type_label(spec.type)
-    return RoutingError(error_type, spec.message, cause=cause)
+    return RoutingError(error_type, spec.message, cause=cause, reason=spec.reason)
 
 
 @attrs.frozen

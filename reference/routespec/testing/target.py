@@ -49,6 +49,9 @@ class Capability(enum.Enum):
     BIDIRECTIONAL = "call:bidirectional"
     MIGRATION = "call:migration"
     MOCK_CLOCK = "time:mock-clock"
+    REAL_CLOCK = "time:real-clock"
+    """The target runs on real time with the spec's default deadlines, and the suite may wait
+    them out (only stages whose default is at most 30 s are checked this way)."""
     CONFIGURE_INHIBITION = "config:inhibited-duration"
     OBSERVE_WORKER_SETS = "observe:worker-sets"
     OBSERVE_OCCUPANCY = "observe:occupancy"
@@ -59,6 +62,16 @@ class Capability(enum.Enum):
     SCRIPT_SILENCE = "worker:script-silence"
     SCRIPT_TRICKLE = "worker:script-trickle"
     CONFIGURE_TIMEOUTS = "config:timeouts"
+    SCRIPT_REASONS = "worker:script-reasons"  # an ErrorSpec's explicit reason reaches the caller
+    WORKER_LIMITS = "worker:limits"
+    REPORT_LOAD = "cluster:report-load"
+    """Workers' load reports reach the router's load monitor (``Target.report_load``), under
+    the busy thresholds of ``TargetConfig.load_thresholds`` (spec: SET-005)."""
+    CHECK_LOAD_THRESHOLDS = "config:check-load-thresholds"
+    """Construction-time validation of busy thresholds (``Target.check_load_thresholds``,
+    spec: SET-006)."""
+    """Workers with given connection, idle and buffer limits, and raw request-plane
+    connections held open to them (spec: TRN-024 … TRN-026)."""
 
 
 @attrs.frozen
@@ -68,6 +81,7 @@ class ErrorSpec:
     type: str | None
     message: str = "injected"
     cause: ErrorSpec | None = None
+    reason: str | None = None  # other than the type's default (Capability.SCRIPT_REASONS)
 
     def chain(self) -> tuple[ErrorSpec, ...]:
         links: list[ErrorSpec] = []
@@ -399,6 +413,47 @@ class Timeouts:
 
 
 @attrs.frozen
+class WorkerBounds:
+    """What peers may hold of a worker (spec: TRN-024 … TRN-026): request-plane connections
+    at once, seconds a connection may stay silent, request bytes buffered over all its
+    connections; ``None`` keeps the implementation's own default (Capability.WORKER_LIMITS)."""
+
+    max_connections: int | None = None
+    idle_timeout: float | None = None
+    max_buffered_bytes: int | None = None
+
+
+@attrs.frozen
+class HeldConnection:
+    """What a worker did on a held request-plane connection so far: the ACK texts it sent
+    (``""`` accepts a request), and whether it closed the connection."""
+
+    acks: tuple[str, ...]
+    closed: bool
+
+
+@attrs.frozen
+class LoadThresholds:
+    """The router's busy thresholds in Dynamo's names (spec: SET-005), each ``None`` when
+    unset. Plain data: out-of-range values are for ``Target.check_load_thresholds``."""
+
+    active_decode_blocks_threshold: float | None = None
+    active_prefill_tokens_threshold: int | None = None
+    active_prefill_tokens_threshold_frac: float | None = None
+
+
+@attrs.frozen
+class LoadReport:
+    """A worker's load as the router's load monitor sees it (spec: SET-005):
+    ``kv_total_blocks`` 0 is unknown; ``max_num_batched_tokens`` None is not reported."""
+
+    active_decode_blocks: int = 0
+    kv_total_blocks: int = 0
+    active_prefill_tokens: int = 0
+    max_num_batched_tokens: int | None = None
+
+
+@attrs.frozen
 class TargetConfig:
     """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C)."""
 
@@ -407,6 +462,7 @@ class TargetConfig:
     fault_detection: bool = True
     device_ratio: int = 8
     timeouts: Timeouts = Timeouts()
+    load_thresholds: LoadThresholds = LoadThresholds()  # none set (Capability.REPORT_LOAD)
 
 
 @attrs.frozen
@@ -556,6 +612,15 @@ class DiscoveryTarget(Protocol):
         its instance id."""
         ...
 
+    def register_refusal(
+        self, endpoint: str, *, device: str = "cuda", host: str = "127.0.0.1"
+    ) -> str | None:
+        """A worker process serving at ``host`` tries to register an instance of
+        ``endpoint`` with device type ``device``: the option its typed refusal
+        (``DiscoveryError``) names (``--endpoint``, ``--host``, ``--device-type``), or None
+        when it registered (it then keeps running, as after ``register``)."""
+        ...
+
     def withdraw(self, instance_id: int) -> None:
         """The process withdraws its registration (a clean shutdown's first step) and keeps
         running."""
@@ -632,6 +697,17 @@ class Target(Protocol):
     def script_worker(self, worker_id: int, script: WorkerScript) -> None: ...
     def release_stalled(self, worker_id: int) -> None: ...
     def mark_overloaded(self, worker_id: int, overloaded: bool) -> None: ...
+    def report_load(self, worker_id: int, report: LoadReport) -> None:
+        """The worker's load report reaches the router's load monitor and replaces its
+        earlier one; returns once the monitor's verdicts are published
+        (Capability.REPORT_LOAD)."""
+        ...
+
+    def check_load_thresholds(self, thresholds: LoadThresholds) -> ObservedError | None:
+        """Construct a router with ``thresholds``: the error its construction failed with,
+        or None when it was built (Capability.CHECK_LOAD_THRESHOLDS)."""
+        ...
+
     def report_down(self, worker_id: int) -> None: ...
     def advance_time(self, seconds: float) -> None: ...
 
@@ -672,6 +748,33 @@ class Target(Protocol):
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         """Open a connection to the worker's request-plane port (or, for None, the router's
         response-stream port), write ``data``, close it (Capability.WIRE_TRANSPORT)."""
+        ...
+
+    # raw connections held open to a worker (Capability.WORKER_LIMITS)
+    def add_bounded_worker(self, bounds: WorkerBounds) -> int:
+        """A worker like ``add_worker``'s whose request-plane server keeps ``bounds``."""
+        ...
+
+    def open_file_limit(self, worker_id: int) -> int:
+        """The soft open-file limit (``RLIMIT_NOFILE``) of the worker's process."""
+        ...
+
+    def connect(self, worker_id: int) -> int:
+        """Open a request-plane connection to the worker and hold it; returns its handle
+        once the worker has accepted it (or closed it)."""
+        ...
+
+    def write(self, connection: int, data: bytes) -> HeldConnection:
+        """Write ``data`` on a held connection; returns once the worker has read and
+        answered what it will, with what it did on the connection so far."""
+        ...
+
+    def held(self, connection: int) -> HeldConnection:
+        """What the worker did on a held connection so far (after time the check moved)."""
+        ...
+
+    def disconnect(self, connection: int) -> None:
+        """Close a held connection from the peer's side."""
         ...
 
     def open_host(self, config: HostConfig) -> RoutingHostTarget | ObservedError:

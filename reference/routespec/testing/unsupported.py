@@ -14,9 +14,13 @@ from routespec.testing.target import (
     Capability,
     DiscoveryTarget,
     ErrorSpec,
+    HeldConnection,
     HostConfig,
+    LoadReport,
+    LoadThresholds,
     ObservedError,
     RoutingHostTarget,
+    WorkerBounds,
     WorkerScript,
     WorkerSetsView,
 )
@@ -44,6 +48,12 @@ class Unsupported:
     def report_down(self, worker_id: int) -> None:
         _lacks(Capability.REPORT_DOWN)
 
+    def report_load(self, worker_id: int, report: LoadReport) -> None:
+        _lacks(Capability.REPORT_LOAD)
+
+    def check_load_thresholds(self, thresholds: LoadThresholds) -> ObservedError | None:
+        _lacks(Capability.CHECK_LOAD_THRESHOLDS)
+
     def advance_time(self, seconds: float) -> None:
         _lacks(Capability.MOCK_CLOCK)
 
@@ -70,6 +80,24 @@ class Unsupported:
 
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         _lacks(Capability.WIRE_TRANSPORT)
+
+    def add_bounded_worker(self, bounds: WorkerBounds) -> int:
+        _lacks(Capability.WORKER_LIMITS)
+
+    def open_file_limit(self, worker_id: int) -> int:
+        _lacks(Capability.WORKER_LIMITS)
+
+    def connect(self, worker_id: int) -> int:
+        _lacks(Capability.WORKER_LIMITS)
+
+    def write(self, connection: int, data: bytes) -> HeldConnection:
+        _lacks(Capability.WORKER_LIMITS)
+
+    def held(self, connection: int) -> HeldConnection:
+        _lacks(Capability.WORKER_LIMITS)
+
+    def disconnect(self, connection: int) -> None:
+        _lacks(Capability.WORKER_LIMITS)
 
     def match_error_chain(
         self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]

@@ -7,7 +7,9 @@ which no byte arrives for that long ends with ``ConnectionIdle``.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+from collections.abc import Callable
 
 import trio
 
@@ -34,6 +36,16 @@ CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+@functools.lru_cache(maxsize=1024)
+def ip_literal(text: str) -> IPAddress | None:
+    """``text`` as an IP address, or None if it is not one. Cached: a worker checks the same
+    few stream addresses and peers on every request, and parsing them is not cheap."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host, int(port)
@@ -43,9 +55,8 @@ async def open_stream(address: str) -> trio.SocketStream:
     """Connect to ``host:port``. A numeric host has one candidate address, so it is dialled
     directly, without ``open_tcp_stream``'s resolution and happy-eyeballs tasks."""
     host, port = split_address(address)
-    try:
-        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
-    except ValueError:
+    ip = ip_literal(host.removeprefix("[").removesuffix("]"))
+    if ip is None:
         return await trio.open_tcp_stream(host, port)
     family = trio.socket.AF_INET6 if ip.version == 6 else trio.socket.AF_INET
     sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
@@ -63,8 +74,10 @@ def peer_ip(stream: trio.abc.Stream) -> IPAddress | None:
     if not isinstance(stream, trio.SocketStream):
         return None
     try:
-        ip = ipaddress.ip_address(stream.socket.getpeername()[0])
-    except (OSError, ValueError, IndexError, TypeError):
+        ip = ip_literal(stream.socket.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return None
+    if ip is None:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
@@ -118,10 +131,17 @@ class FramedConnection:
         self.stream = stream
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
+        self._held = b""  # sent ahead of the next send (``hold``)
         self._budget = budget
         self._charged = 0  # bytes of this connection counted in the budget
         self._idle_timeout = idle_timeout
         self.closed = trio.Event()
+        self.on_close: Callable[[FramedConnection], None] | None = None  # called once
+
+    @functools.cached_property
+    def peer(self) -> IPAddress | None:
+        """The peer's IP address (``peer_ip``), found once per connection."""
+        return peer_ip(self.stream)
 
     async def send(self, data: bytes) -> None:
         # A unit is never interleaved with another. An uncontended lock is taken without
@@ -131,14 +151,54 @@ class FramedConnection:
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
+            if self._held:
+                data, self._held = self._held + data, b""
             await self.stream.send_all(data)
         finally:
             self._send_lock.release()
 
+    def hold(self, data: bytes) -> None:
+        """Send ``data`` ahead of the next ``send``, in the same write."""
+        self._held += data
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
     async def aclose(self) -> None:
+        self._closing()
+        await self.stream.aclose()
+
+    def _closing(self) -> None:
         self.closed.set()
         self.release()
-        await self.stream.aclose()
+        if self.on_close is not None:
+            on_close, self.on_close = self.on_close, None
+            on_close(self)
+
+    def close_now(self) -> bool:
+        """Close without a checkpoint if the stream is a socket (closing one never blocks);
+        False when it is not, and ``aclose`` is needed."""
+        if not isinstance(self.stream, trio.SocketStream):
+            return False
+        self._closing()
+        self.stream.socket.close()
+        return True
+
+    def frame_buffered(self) -> bool:
+        """Whether a whole two-part frame is buffered, so that reading it cannot wait."""
+        return self.frames_buffered(1) == 1
+
+    def frames_buffered(self, most: int) -> int:
+        """How many whole two-part frames are buffered, counting up to ``most``."""
+        buffer, start, count = self._buffer, 0, 0
+        while count < most and len(buffer) - start >= TWO_PART_PREFIX.size:
+            header_len, body_len, _ = TWO_PART_PREFIX.unpack_from(buffer, start)
+            start += TWO_PART_PREFIX.size + header_len + body_len
+            if start > len(buffer):
+                break
+            count += 1
+        return count
 
     def release(self) -> None:
         """Give back every byte this connection counts in its budget (when it ends)."""
@@ -179,12 +239,23 @@ class FramedConnection:
             self._buffer += chunk
             if self._budget is not None:
                 self._charged += len(chunk)
-                if not self._budget.charge(len(chunk)) and budgeted:
-                    raise OverBudget(
-                        f"{field}: buffering it would exceed the limit of "
-                        f"{self._budget.limit} bytes"
-                    )
+                self._budget.charge(len(chunk))
+            if budgeted:
+                self._refuse_over_budget(count, field)
+        if budgeted:  # a chunk read for an earlier part may have brought this one in whole
+            self._refuse_over_budget(count, field)
         return True
+
+    def _refuse_over_budget(self, count: int, field: str) -> None:
+        """Raise ``OverBudget`` if the total held, up to the end of this part (not what was
+        read ahead of it), is past the limit."""
+        if self._budget is None:
+            return
+        ahead = max(0, len(self._buffer) - count)
+        if self._budget.used - ahead > self._budget.limit:
+            raise OverBudget(
+                f"{field}: buffering it would exceed the limit of {self._budget.limit} bytes"
+            )
 
     def _take(self, count: int) -> bytes:
         """The first ``count`` buffered bytes (still counted until the next read)."""
@@ -228,6 +299,10 @@ class FramedConnection:
 
     async def read_two_part(self, limit: int = MAX_MESSAGE_BYTES) -> TwoPart | None:
         self._settle()
+        if self._budget is None:  # nothing to charge: a whole buffered frame in one step
+            frame = self._buffered_two_part(limit)
+            if frame is not None:
+                return frame
         if not await self._fill(TWO_PART_PREFIX.size, "two_part", at_boundary=True):
             return None
         header_len, body_len = two_part_lengths(self._take(TWO_PART_PREFIX.size), limit)
@@ -238,6 +313,21 @@ class FramedConnection:
                 await self._skip(body_len, "two_part.body")
             raise OverBudget(f"a frame of {header_len + body_len} bytes: over the byte budget")
         return TwoPart(header, body)
+
+    def _buffered_two_part(self, limit: int) -> TwoPart | None:
+        """The next frame if it is wholly buffered (lengths checked, TRN-012), else None."""
+        buffer, prefix = self._buffer, TWO_PART_PREFIX.size
+        if len(buffer) < prefix:
+            return None
+        header_len, body_len = two_part_lengths(bytes(buffer[:prefix]), limit)
+        end = prefix + header_len + body_len
+        if len(buffer) < end:
+            return None
+        frame = TwoPart(
+            bytes(buffer[prefix : prefix + header_len]), bytes(buffer[prefix + header_len : end])
+        )
+        del buffer[:end]
+        return frame
 
     async def read_request(self) -> RequestMessage | None:
         """The next request message, or None at a clean end. A message the budget cannot

@@ -10,12 +10,13 @@ worker may dial back to is a ``DialBackPolicy`` (TRN-027).
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 
 import attrs
 
 from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
-from routespec.transport.connection import IPAddress
+from routespec.transport.connection import IPAddress, ip_literal
 from routespec.transport.frames import MAX_CONTROL_BYTES, WireProtocolError, check_length
 
 SINGLE_IN = "single_in"
@@ -32,6 +33,9 @@ SHOWN = 60  # characters of an unusable value an error message quotes
 _PORT = re.compile(r"[0-9]{1,5}")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
+
+
+_json = json.encoder.encode_basestring_ascii  # a str as encode_json writes it
 
 
 def shown(value: object) -> str:
@@ -52,13 +56,10 @@ def host_port(address: str, field: str) -> tuple[str, int]:
         raise WireProtocolError(field, f"port {shown(port)} is not a number in 1..65535")
     if not host:
         raise WireProtocolError(field, f"{shown(address)} has no host")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if not _HOSTNAME.fullmatch(host):
-            raise WireProtocolError(
-                field, f"host {shown(host)} is neither an IP address nor a host name"
-            ) from None
+    if ip_literal(host) is None and not _HOSTNAME.fullmatch(host):
+        raise WireProtocolError(
+            field, f"host {shown(host)} is neither an IP address nor a host name"
+        )
     return host, int(port)
 
 
@@ -94,6 +95,27 @@ class ControlMessage:
 
     def encode(self) -> bytes:
         """The JSON header; over 128 KiB is refused before anything is sent (TRN-002)."""
+        single = self.request_stream is None
+        header = self._encode_single_in() if single else self._encode_fields()
+        check_length("control_message", len(header), MAX_CONTROL_BYTES)
+        return header
+
+    def _encode_single_in(self) -> bytes:
+        # Every request sends one: the bytes _encode_fields gives, assembled from the JSON
+        # of each string rather than by encoding two nested maps (one inside a string).
+        info = (
+            f'{{"address":{_json(self.response.address)},"subject":{_json(self.response.subject)}'
+            f',"context":{_json(self.response.context)},"stream_type":"response"}}'
+        )
+        metadata = f',"metadata":{encode_json(self.metadata).decode()}' if self.metadata else ""
+        return (
+            f'{{"id":{_json(self.request_id)},"request_type":"{SINGLE_IN}"'
+            f',"response_type":"{MANY_OUT}","payload_codec":"{self.payload_codec.value}"'
+            f',"connection_info":{{"transport":"{TCP_SERVER}","info":{_json(info)}}}'
+            f"{metadata}}}"
+        ).encode()
+
+    def _encode_fields(self) -> bytes:
         fields: dict[str, object] = {
             "id": self.request_id,
             "request_type": self.request_type,
@@ -107,9 +129,7 @@ class ControlMessage:
             fields["request_stream_connection_info"] = self.request_stream.connection_info(
                 "request"
             )
-        header = encode_json(fields)
-        check_length("control_message", len(header), MAX_CONTROL_BYTES)
-        return header
+        return encode_json(fields)
 
 
 @attrs.frozen

@@ -8,7 +8,7 @@ awaits between items still has each item sent as soon as it blocks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import trio
@@ -16,6 +16,8 @@ import trio
 from routespec.transport.connection import FramedConnection
 
 HIGH_WATER_BYTES = 256 * 1024
+
+Watcher = Callable[[FramedConnection, trio.CancelScope], Awaitable[None]]
 
 
 class FrameWriter:
@@ -26,14 +28,24 @@ class FrameWriter:
         self._wake = trio.Event()
         self._room = trio.Event()
         self._closed = False
+        self._then_cancel: trio.CancelScope | None = None  # the watcher's, once all is sent
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, connection: FramedConnection) -> AsyncIterator[FrameWriter]:
-        """Frames written inside the block are all sent (or the send fails) when it exits."""
+    async def open(
+        cls, connection: FramedConnection, watch: Watcher | None = None
+    ) -> AsyncIterator[FrameWriter]:
+        """Frames written inside the block are all sent (or the send fails) when it exits.
+
+        ``watch(connection, scope)``, if given, runs alongside in the same nursery (one
+        nursery per stream, not two) from the moment the producer first blocks: cancelling
+        ``scope`` ends the block at once, unsent frames dropped (a caller's stop); once every
+        frame is sent, the watcher is cancelled. A block that never waits (a handler whose
+        items are ready) has nothing to interrupt, so it costs no watcher task.
+        """
         writer = cls(connection)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(writer._run)
+            nursery.start_soon(writer._run, watch, nursery)
             try:
                 yield writer
             finally:
@@ -48,10 +60,20 @@ class FrameWriter:
             self._room = trio.Event()
             await self._room.wait()
 
-    async def _run(self) -> None:
+    async def _run(self, watch: Watcher | None, nursery: trio.Nursery) -> None:
+        # This task first runs when the producer first blocks, or once it has finished.
+        if watch is not None and not self._closed:
+            nursery.start_soon(watch, self._connection, nursery.cancel_scope)
+            self._then_cancel = nursery.cancel_scope
+        if not self._pending and self._connection.holding:
+            # The producer blocked before its first frame: what the connection holds (the
+            # stream's introduction) must not wait for it.
+            await self._connection.send(b"")
         while True:
             if not self._pending:
                 if self._closed:
+                    if self._then_cancel is not None:
+                        self._then_cancel.cancel()
                     return
                 await self._wake.wait()
                 self._wake = trio.Event()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import attrs
 import trio
@@ -14,6 +14,7 @@ from routespec.routing.streaming import (
     Annotated,
     InflightGauge,
     InflightSlot,
+    ReadInterrupted,
     Request,
     WorkerHandler,
     pre_stream_failure,
@@ -74,11 +75,21 @@ class InProcessStream:
     _slot: InflightSlot
     _read_scope: trio.CancelScope | None = None
     _severed: bool = False
+    _interrupted: bool = False
     _done: bool = False
 
     def sever(self) -> None:
         """The worker died: a pending or later read ends with ``Disconnected`` (DSP-015)."""
         self._severed = True
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+
+    def interrupter(self) -> Callable[[], None]:
+        return self._interrupt
+
+    def _interrupt(self) -> None:
+        # The read's own scope serves both this and sever(): one scope per item, not two.
+        self._interrupted = True
         if self._read_scope is not None:
             self._read_scope.cancel()
 
@@ -88,7 +99,7 @@ class InProcessStream:
     async def __anext__(self) -> Annotated:
         if self._done:
             raise StopAsyncIteration
-        if not self._severed:
+        if not self._severed and not self._interrupted:
             with trio.CancelScope() as self._read_scope:
                 try:
                     return Annotated(data=await self._items.__anext__())
@@ -98,6 +109,10 @@ class InProcessStream:
                 except RoutingError as error:
                     self._finish()
                     return Annotated(error=error)
+                finally:
+                    self._read_scope = None
+        if not self._severed:
+            raise ReadInterrupted
         self._finish()
         return Annotated(error=RoutingError(ErrorKind.DISCONNECTED, STREAM_ENDED_EARLY))
 

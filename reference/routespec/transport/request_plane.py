@@ -146,7 +146,10 @@ class RequestPlane:
 
         A connection not there within ``connect_timeout`` — counting any wait for another
         request's connect to the same worker — fails with ``ConnectionTimeout`` (TMO-001)."""
-        connection: WorkerConnection | None = None
+        connection = self._connections.get(address)
+        if connection is not None and connection.open:  # no connect, so no deadline to keep
+            return await connection.send(message, ack_timeout)
+        connection = None
         with trio.move_on_after(connect_timeout):
             connection = await self._connection(address)
         if connection is None:

@@ -6,6 +6,8 @@ names its registration in the handshake frame; an unknown or late subject is clo
 
 from __future__ import annotations
 
+import errno
+
 import trio
 
 from routespec.errors import ErrorKind, RoutingError
@@ -14,6 +16,9 @@ from routespec.transport.connection import FramedConnection
 from routespec.transport.frames import MAX_CONTROL_BYTES, WireProtocolError
 
 HANDSHAKE_TIMEOUT = 10.0
+ACCEPT_RETRY = 0.1
+# accept() errors that mean "out of resources", on which trio.serve_listeners waits too
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 NOT_ESTABLISHED = "Worker disconnected before response stream was established"
 
 
@@ -61,12 +66,35 @@ class ResponsePlane:
         self.host = host
         self.address = ""
         self._pending: dict[str, PendingStream] = {}
+        self._handed: set[FramedConnection] = set()  # streams handed over and still open
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
         self.address = f"{self.host}:{listeners[0].socket.getsockname()[1]}"
         task_status.started()
-        await trio.serve_listeners(self._accept, listeners)
+        try:
+            async with trio.open_nursery() as nursery:
+                for listener in listeners:
+                    nursery.start_soon(self._serve, listener, nursery)
+        finally:
+            for connection in list(self._handed):  # streams still open end with the plane
+                connection.close_now()
+
+    async def _serve(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        # As trio.serve_listeners, but a handler hands its stream over and returns, instead
+        # of staying to close it: no task waits on each open stream.
+        async with listener:
+            while True:
+                stream: trio.SocketStream | None = None
+                try:
+                    stream = await listener.accept()
+                except OSError as error:
+                    if error.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                if stream is None:
+                    await trio.sleep(ACCEPT_RETRY)  # out of descriptors: wait for some
+                else:
+                    nursery.start_soon(self._accept, stream)
 
     def register(self, subject: str, instance_id: int, address: str) -> PendingStream:
         pending = PendingStream(self, subject, instance_id, address)
@@ -86,17 +114,24 @@ class ResponsePlane:
                 pending.fail(failure)
 
     async def _accept(self, stream: trio.SocketStream) -> None:
+        """Match a dialled-in stream to its registration by the handshake; the stream is then
+        the registration's (its reader closes it), or closed here."""
         connection = FramedConnection(stream)
-        pending = None
-        with trio.move_on_after(HANDSHAKE_TIMEOUT):
-            try:
-                frame = await connection.read_two_part(MAX_CONTROL_BYTES)
-                handshake = decode_json(frame.header, "handshake") if frame else None
-            except (WireProtocolError, trio.BrokenResourceError, OSError):
-                handshake = None
-            if isinstance(handshake, dict):
-                pending = self._pending.pop(str(handshake.get("subject")), None)
-        if pending is None or not pending.connect(connection):
-            await stream.aclose()
-            return
-        await connection.closed.wait()  # the server closes the stream when this returns
+        handed = False
+        try:
+            pending = None
+            with trio.move_on_after(HANDSHAKE_TIMEOUT):
+                try:
+                    frame = await connection.read_two_part(MAX_CONTROL_BYTES)
+                    handshake = decode_json(frame.header, "handshake") if frame else None
+                except (WireProtocolError, trio.BrokenResourceError, OSError):
+                    handshake = None
+                if isinstance(handshake, dict):
+                    pending = self._pending.pop(str(handshake.get("subject")), None)
+            handed = pending is not None and pending.connect(connection)
+            if handed:
+                self._handed.add(connection)
+                connection.on_close = self._handed.discard
+        finally:
+            if not handed:
+                connection.close_now()

@@ -40,6 +40,13 @@ class TcpResponseStream:
     def __aiter__(self) -> TcpResponseStream:
         return self
 
+    def ready(self) -> bool:
+        """The next read cannot wait: the stream has ended, or the frames it will read are
+        buffered (one after ``complete_final``; else two, in case the first is that)."""
+        if self._done:
+            return True
+        return self._connection.frames_buffered(2) >= (1 if self._final_seen else 2)
+
     async def __anext__(self) -> Annotated:
         while not self._done:
             item = await self._next_item()
@@ -51,6 +58,8 @@ class TcpResponseStream:
         """One frame's worth: an item, or None when the frame carried none."""
         try:
             if self._final_seen:
+                if self._connection.frame_buffered():  # it came with the final frame
+                    return await self._after_final(await self._connection.read_two_part())
                 with trio.move_on_after(SENTINEL_WAIT):
                     frame = await self._connection.read_two_part()
                     return await self._after_final(frame)
@@ -91,8 +100,9 @@ class TcpResponseStream:
         self._slot.close()
         if self._request_pump is not None:
             self._request_pump.cancel()
-        with trio.CancelScope(shield=True):
-            await self._connection.aclose()
+        if not self._connection.close_now():  # a socket closes without a checkpoint
+            with trio.CancelScope(shield=True):
+                await self._connection.aclose()
         return None if error is None else Annotated(error=error)
 
     async def aclose(self) -> None:

@@ -11,8 +11,10 @@ between items (``DeadlineStream``, TMO-004, TMO-005). ``deadlines`` is read once
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -35,7 +37,7 @@ from routespec.routing.streaming import (
     RequestStream,
     pre_stream_failure,
 )
-from routespec.transport.codecs import PayloadCodec, decode_json, encode_json
+from routespec.transport.codecs import PayloadCodec, decode_json
 from routespec.transport.connection import CONNECTION_ERRORS, LOOPBACK, FramedConnection
 from routespec.transport.control import ControlMessage, StreamAddress
 from routespec.transport.frames import (
@@ -49,6 +51,9 @@ from routespec.transport.response_plane import NOT_ESTABLISHED, PendingStream, R
 from routespec.transport.response_stream import TcpResponseStream
 from routespec.transport.wire_errors import decode_error
 
+_json = json.encoder.encode_basestring_ascii  # a str as encode_json writes it
+
+PROLOGUE_OK = b'{"error":null}'  # a worker's prologue when the stream begins (TRN-005)
 TOMBSTONE_TTL = 5.0
 TOMBSTONED = "Worker removed before request could be sent (tombstoned instance)"
 
@@ -68,6 +73,8 @@ class TcpDispatch:
         self._nursery = nursery
         self._request_plane = RequestPlane(nursery, self._connection_lost)
         self._tombstones: dict[int, float] = {}
+        self._subject_prefix = os.urandom(8).hex()
+        self._subjects = itertools.count()
 
     @classmethod
     @asynccontextmanager
@@ -174,7 +181,10 @@ class TcpDispatch:
             raise
 
     def _stream_address(self, request: Request) -> StreamAddress:
-        return StreamAddress(self._response_plane.address, uuid.uuid4().hex, request.request_id)
+        # A subject unique to this transport: a random prefix, then a count (cheaper than
+        # a uuid4 per stream; the 32 hex digits are the same shape).
+        subject = f"{self._subject_prefix}{next(self._subjects):016x}"
+        return StreamAddress(self._response_plane.address, subject, request.request_id)
 
     @staticmethod
     def _control(
@@ -200,13 +210,11 @@ class TcpDispatch:
 
     @staticmethod
     def _headers(path: str, request: Request) -> bytes:
-        return encode_json(
-            {
-                "x-endpoint-path": path,
-                "x-frontend-send-ts-ns": str(time.time_ns()),
-                "request-id": request.request_id,
-            }
-        )
+        # What encode_json gives for the map of these three strings, without building it.
+        return (
+            f'{{"x-endpoint-path":{_json(path)},"x-frontend-send-ts-ns":"{time.time_ns()}"'
+            f',"request-id":{_json(request.request_id)}}}'
+        ).encode()
 
 
 @attrs.frozen
@@ -276,6 +284,8 @@ def _raise_rejection(ack: str) -> None:
 async def _read_prologue(connection: FramedConnection) -> None:
     try:
         frame = await connection.read_two_part(MAX_CONTROL_BYTES)
+        if frame is not None and frame.header == PROLOGUE_OK:  # the usual one: no decoding
+            return
         prologue = decode_json(frame.header, "prologue") if frame is not None else None
     except (WireProtocolError, *CONNECTION_ERRORS):
         prologue = None

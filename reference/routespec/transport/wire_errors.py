@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from routespec.errors import (
     MAX_CHAIN_LINKS,
+    REASON,
     BackendKind,
     ErrorKind,
     ErrorType,
@@ -75,8 +76,17 @@ def decode_error(shape: object, depth: int = 0) -> RoutingError:
     cause = None
     if cause_shape is not None and depth + 1 < MAX_CHAIN_LINKS:
         cause = decode_error(cause_shape, depth + 1)
-    error_type = _decode_type(shape.get("error_type"), shape.get("reason"))
-    return RoutingError(error_type, message, cause=cause)
+    reason = shape.get("reason")
+    error_type = _decode_type(shape.get("error_type"), reason)
+    return RoutingError(error_type, message, cause=cause, reason=_explicit(error_type, reason))
+
+
+def _explicit(error_type: ErrorType | None, reason: object) -> str | None:
+    """The link's reason when it is valid and not its type's default: migration reads it
+    (MIG-016), so a worker's ``capacity.exhausted`` must survive the wire."""
+    if error_type is None or not isinstance(reason, str) or not REASON.fullmatch(reason):
+        return None
+    return None if reason == default_reason_of(error_type) else reason
 
 
 def _decode_type(value: object, reason: object) -> ErrorType | None:

@@ -43,8 +43,8 @@ from routespec.transport.connection import (
     FramedConnection,
     IPAddress,
     OverBudget,
+    ip_literal,
     open_stream,
-    peer_ip,
 )
 from routespec.transport.control import (
     CONNECTION_INFO,
@@ -72,6 +72,7 @@ from routespec.transport.wire_errors import encode_error
 
 SENTINEL_FRAME = TwoPart(header=SENTINEL).encode()
 PROLOGUE_OK = TwoPart(header=b'{"error":null}').encode()
+VETTED_CACHE = 1024  # IP-literal stream addresses remembered as allowed, per peer
 SHUTTING_DOWN = "worker is shutting down"
 STREAM_CUT_AT_SHUTDOWN = "worker shut down before the stream finished"
 UNUSABLE = "unusable request"
@@ -156,6 +157,8 @@ class WorkerServer:
         self._open_streams: set[trio.CancelScope] = set()
         self._streams_changed = trio.Event()
         self._cap_reported = False
+        self._vetted_addresses: dict[tuple[str, IPAddress | None], str] = {}
+        self._vetted_under = self.limits
 
     def serve(self, path: str, handler: WorkerHandler) -> str:
         """Serve ``handler`` at ``path``; returns the transport address discovery records.
@@ -213,7 +216,7 @@ class WorkerServer:
         connection = FramedConnection(
             stream, budget=self.budget, idle_timeout=self.limits.idle_timeout
         )
-        peer = peer_ip(stream)
+        peer = connection.peer
         try:
             await self._serve_requests(connection, peer)
         except* Exception as group:  # TRN-023: whatever went wrong ends this connection only
@@ -245,7 +248,7 @@ class WorkerServer:
     async def _accept(self, connection: FramedConnection, path: str, payload: bytes) -> None:
         """Check the request, ACK it, and start its response (TRN-022: a request the worker
         cannot use is refused here, or in its prologue, naming the field at fault)."""
-        peer = peer_ip(connection.stream)
+        peer = connection.peer  # found once per connection
         try:
             parts = decode_two_part(payload)
         except WireProtocolError as error:
@@ -306,6 +309,12 @@ class WorkerServer:
     ) -> StreamAddress | WireProtocolError:
         """``address`` with its host resolved to an IP address this worker may dial back to
         (TRN-027), or the error naming the field."""
+        if self._vetted_under is not self.limits:  # the policy changed: forget its answers
+            self._vetted_addresses.clear()
+            self._vetted_under = self.limits
+        known = self._vetted_addresses.get((address.address, peer))
+        if known is not None:  # an IP literal this peer was allowed before (TRN-027)
+            return address if known == address.address else attrs.evolve(address, address=known)
         field = f"{name}.info.address"
         try:
             host, port = host_port(address.address, field)
@@ -316,7 +325,12 @@ class WorkerServer:
         for ip in candidates:
             if policy.allows(ip, peer):
                 literal = f"[{ip}]" if ip.version == 6 else str(ip)
-                return attrs.evolve(address, address=f"{literal}:{port}")
+                vetted = f"{literal}:{port}"
+                if ip_literal(host) is not None:  # a name may resolve otherwise next time
+                    if len(self._vetted_addresses) >= VETTED_CACHE:
+                        self._vetted_addresses.clear()
+                    self._vetted_addresses[(address.address, peer)] = vetted
+                return attrs.evolve(address, address=vetted)
         return WireProtocolError(
             field,
             f"host {shown(host)} is not one this worker dials back to (the request came from "
@@ -344,52 +358,55 @@ class WorkerServer:
         failure: WireProtocolError | None,
     ) -> None:
         try:
-            async with contextlib.AsyncExitStack() as streams:
-                if control.request_stream is not None:
-                    inputs = await streams.enter_async_context(
-                        _dial(control.request_stream, "request", b"", self.budget)
-                    )
-                    request = attrs.evolve(
-                        request, payload=RequestStream(_read_inputs(inputs, control.payload_codec))
-                    )
-                try:
-                    if failure is not None:
-                        raise RoutingError(ErrorKind.INVALID_ARGUMENT, str(failure))
-                    items = await _started(handler, request)
-                except RoutingError as error:
-                    refusal = prologue_error(error)
-                    await streams.enter_async_context(
-                        _dial(control.response, "response", refusal, self.budget)
-                    )
-                    return
-                streams.push_async_callback(_close_shielded, items)
-                output = await streams.enter_async_context(
-                    _dial(control.response, "response", PROLOGUE_OK, self.budget)
-                )
-                await self._stream(output, control.payload_codec, items)
+            if control.request_stream is not None:
+                async with _dial(control.request_stream, "request", b"", self.budget) as inputs:
+                    inputs_stream = RequestStream(_read_inputs(inputs, control.payload_codec))
+                    request = attrs.evolve(request, payload=inputs_stream)
+                    await self._respond_with(control, handler, request, failure)
+            else:
+                await self._respond_with(control, handler, request, failure)
         except* (OSError, *CONNECTION_ERRORS):
             pass  # the caller went away; nothing is left to tell it
 
-    async def _stream(
-        self, output: FramedConnection, codec: PayloadCodec, items: AsyncGenerator[object, None]
+    async def _respond_with(
+        self,
+        control: ControlMessage,
+        handler: WorkerHandler,
+        request: Request,
+        failure: WireProtocolError | None,
     ) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_control, output, nursery.cancel_scope)
-            await self.send_items(output, codec, items)
-            nursery.cancel_scope.cancel()
+        try:
+            if failure is not None:
+                raise RoutingError(ErrorKind.INVALID_ARGUMENT, str(failure))
+            items = await _started(handler, request)
+        except RoutingError as error:
+            async with _dial(control.response, "response", prologue_error(error), self.budget):
+                return
+        try:
+            # Handshake and prologue go out with the first frames: one send, not two.
+            async with _dial(
+                control.response, "response", PROLOGUE_OK, self.budget, hold=True
+            ) as output:
+                await self.send_items(output, control.payload_codec, items, watch=True)
+        finally:
+            with trio.CancelScope(shield=True):
+                await items.aclose()
 
     async def send_items(
         self,
         connection: FramedConnection,
         codec: PayloadCodec,
         items: AsyncGenerator[object, None],
+        *,
+        watch: bool = False,
     ) -> None:
         """Data frames, an error item if the handler fails or a drain cuts the stream, then
-        final frame and sentinel."""
+        final frame and sentinel. With ``watch``, a ``stop``/``kill`` from the caller, or
+        the caller going away, ends the stream at once."""
         drained = trio.CancelScope()  # cancelled by ``drain`` after its grace period
         self._open_streams.add(drained)
         try:
-            async with FrameWriter.open(connection) as out:
+            async with FrameWriter.open(connection, _watch_control if watch else None) as out:
                 with drained:
                     try:
                         async for item in items:
@@ -435,10 +452,9 @@ async def _started(handler: WorkerHandler, request: Request) -> AsyncGenerator[o
 async def _resolve(host: str, port: int, field: str) -> list[IPAddress]:
     """The IP addresses ``host`` stands for: itself, or what the resolver says within
     ``RESOLVE_TIMEOUT`` seconds."""
-    try:
-        return [ipaddress.ip_address(host)]
-    except ValueError:
-        pass
+    literal = ip_literal(host)
+    if literal is not None:
+        return [literal]
     found: list[IPAddress] = []
     with trio.move_on_after(RESOLVE_TIMEOUT):
         try:
@@ -455,16 +471,26 @@ async def _resolve(host: str, port: int, field: str) -> list[IPAddress]:
 
 @contextlib.asynccontextmanager
 async def _dial(
-    address: StreamAddress, stream_type: str, then: bytes = b"", budget: ByteBudget | None = None
+    address: StreamAddress,
+    stream_type: str,
+    then: bytes = b"",
+    budget: ByteBudget | None = None,
+    *,
+    hold: bool = False,
 ) -> AsyncIterator[FramedConnection]:
     """Dial the caller's stream server, introduce the stream by its subject and send
-    ``then`` (the prologue) in the same write."""
+    ``then`` (the prologue) in the same write; with ``hold``, in the first write of the
+    stream (``FramedConnection.hold``)."""
     stream = await open_stream(address.address)
     async with stream:
         connection = FramedConnection(stream, budget=budget)
         try:
             handshake = {"subject": address.subject, "stream_type": stream_type}
-            await connection.send(TwoPart(header=encode_json(handshake)).encode() + then)
+            introduction = TwoPart(header=encode_json(handshake)).encode() + then
+            if hold:
+                connection.hold(introduction)
+            else:
+                await connection.send(introduction)
             yield connection
         finally:
             connection.release()
@@ -490,11 +516,6 @@ async def _read_inputs(
         if not isinstance(wrapper, dict) or wrapper.get("complete_final") is True:
             return
         yield wrapper.get("data")
-
-
-async def _close_shielded(items: AsyncGenerator[object, None]) -> None:
-    with trio.CancelScope(shield=True):
-        await items.aclose()
 
 
 async def _watch_control(connection: FramedConnection, stream_scope: trio.CancelScope) -> None:

@@ -1,0 +1,299 @@
+"""What peers may hold of a worker (TRN-024 … TRN-026): connections, idle time, buffered bytes.
+
+The checks hold raw request-plane connections open to a worker (Capability.WORKER_LIMITS)
+and write to them what a peer would: well-framed requests for an endpoint the worker does
+not serve, so that every request it reads is answered at once with an ACK naming no
+endpoint, and requests cut short. Time moves only through ``advance_time``; durations are
+binary fractions so that the boundaries are exact. Each bound is checked on both sides
+(just under or at it accepted, just over refused) and, for its default, on a worker opened
+with the implementation's own defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from routespec.conformance.checks import covers, require, require_equal, requires
+from routespec.conformance.scenario import finished
+from routespec.conformance.test_transport import (
+    NO_ENDPOINT,
+    PEER,
+    indices,
+    request_message,
+    serves_again,
+    usable_control,
+)
+from routespec.testing.target import (
+    Capability,
+    Direct,
+    HeldConnection,
+    Serve,
+    Stall,
+    Target,
+    WorkerBounds,
+)
+
+DEFAULT_MAX_CONNECTIONS = 1024  # TRN-024: or a quarter of the open-file limit, if lower
+FD_SHARE = 4
+DEFAULT_IDLE_TIMEOUT = 600.0  # TRN-025
+DEFAULT_MAX_BUFFERED_BYTES = 64 * 1024 * 1024  # TRN-026
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # TRN-012's bound on one message
+NO_ENDPOINT_ACK = "Server unavailable: no endpoint"
+OVERLOADED_ACK = "Server overloaded: "  # WorkerOverloaded at the caller (TRN-004)
+CONTROL = usable_control(f"{PEER}:9", "held")  # never dialled: the endpoint is unknown
+PREFIX = struct.Struct(">H")  # the path's length, then the path, headers' length, headers
+
+
+def sized_request(total: int) -> bytes:
+    """A well-framed request for ``NO_ENDPOINT`` of exactly ``total`` bytes on the wire."""
+    control = json.dumps(CONTROL).encode()
+    bare = request_message(NO_ENDPOINT, control, b"")
+    assert total >= len(bare), f"a request needs at least {len(bare)} bytes"
+    return request_message(NO_ENDPOINT, control, b" " * (total - len(bare)))
+
+
+def declared_prefix(payload: int, sent: int) -> bytes:
+    """The start of a request declaring a ``payload``-byte payload, with ``sent`` of them."""
+    path, headers = NO_ENDPOINT.encode(), b"{}"
+    head = PREFIX.pack(len(path)) + path + PREFIX.pack(len(headers)) + headers
+    return head + struct.pack(">I", payload) + bytes(sent)
+
+
+def answered(seen: HeldConnection, acks: int, requirement: str, what: str) -> str:
+    """The last of exactly ``acks`` ACKs on a connection the worker still holds."""
+    require(
+        requirement,
+        not seen.closed and len(seen.acks) == acks,
+        f"{what}: the worker should answer with ACK number {acks} and keep the connection "
+        f"open; it sent {list(seen.acks)} and {'closed' if seen.closed else 'kept'} it",
+    )
+    return seen.acks[-1]
+
+
+def not_refused(seen: HeldConnection, acks: int, requirement: str, what: str) -> None:
+    """Read and answered, not refused for load: the worker's answer for an endpoint it does
+    not serve (the reference's "Server unavailable: no endpoint …", Dynamo's "… unknown
+    endpoint …") is any ACK but ``Server overloaded``."""
+    ack = answered(seen, acks, requirement, what)
+    require(
+        requirement,
+        not ack.startswith(OVERLOADED_ACK),
+        f"{what}: the worker should read the request and answer it, not refuse it for load",
+        expected=f"an ACK such as {NO_ENDPOINT_ACK} at {NO_ENDPOINT}",
+        actual=repr(ack),
+    )
+
+
+def refused_overloaded(seen: HeldConnection, acks: int, requirement: str, what: str) -> None:
+    ack = answered(seen, acks, requirement, what)
+    require(
+        requirement,
+        ack.startswith(OVERLOADED_ACK),
+        f"{what}: the worker should refuse the request as overloaded",
+        expected=f"{OVERLOADED_ACK}…",
+        actual=repr(ack),
+    )
+
+
+# --- TRN-024 ---
+
+
+@covers("TRN-024")
+@requires(
+    Capability.WORKER_LIMITS,
+    Capability.DIRECT,
+    Capability.OBSERVE_WORKER_BYTES,
+)
+def test_a_connection_past_the_cap_is_closed_unread(target: Target) -> None:
+    """Cap 3: the router's connection and two held ones fill it; a fourth is closed at once
+    and a request written on it is never read, while the three held go on being served; when
+    one ends, a new connection is held again."""
+    worker = target.add_bounded_worker(WorkerBounds(max_connections=3))
+    serves_again(target, worker, "TRN-024")  # the router now holds a connection
+    held = [target.connect(worker) for _ in range(2)]
+    for connection in held:
+        require(
+            "TRN-024",
+            not target.held(connection).closed,
+            f"worker {worker} (cap 3) closed connection {len(held)} of 3",
+        )
+    extra = target.connect(worker)
+    require(
+        "TRN-024",
+        target.held(extra).closed,
+        f"worker {worker} holds 3 connections, its cap, and should close a 4th at once",
+    )
+    read_before = target.worker_bytes(worker)
+    target.write(extra, sized_request(512))
+    require_equal(
+        "TRN-024",
+        target.worker_bytes(worker),
+        read_before,
+        f"worker {worker} read a request from a connection past its cap",
+    )
+    for connection in held:
+        not_refused(target.write(connection, sized_request(512)), 1, "TRN-024", "held")
+    serves_again(target, worker, "TRN-024")
+    target.disconnect(held[0])
+    again = target.connect(worker)
+    not_refused(target.write(again, sized_request(512)), 1, "TRN-024", "after one ended")
+
+
+@covers("TRN-024")
+@requires(Capability.WORKER_LIMITS)
+def test_the_default_cap_is_1024_or_a_quarter_of_the_file_limit(target: Target) -> None:
+    worker = target.add_bounded_worker(WorkerBounds())
+    limit = target.open_file_limit(worker)
+    cap = min(DEFAULT_MAX_CONNECTIONS, max(1, limit // FD_SHARE))
+    connections = [target.connect(worker) for _ in range(cap + 1)]
+    closed = [n for n, c in enumerate(connections, 1) if target.held(c).closed]
+    require_equal(
+        "TRN-024",
+        closed,
+        [cap + 1],
+        f"under an open-file limit of {limit}, a worker with the default cap should hold "
+        f"{cap} connections and close connection {cap + 1}; it closed connections {closed}",
+    )
+    not_refused(target.write(connections[cap - 1], sized_request(512)), 1, "TRN-024", "last")
+
+
+# --- TRN-025 ---
+
+IDLE = 4.0
+
+
+def idle_then_closed(target: Target, connection: int, timeout: float, what: str) -> None:
+    """Open just before ``timeout`` seconds of silence, closed at it."""
+    target.advance_time(timeout - 0.5)
+    require(
+        "TRN-025",
+        not target.held(connection).closed,
+        f"{what}: the worker closed the connection after {timeout - 0.5:g} s of silence, "
+        f"before its idle timeout of {timeout:g} s",
+    )
+    target.advance_time(0.5)
+    require(
+        "TRN-025",
+        target.held(connection).closed,
+        f"{what}: the worker should close the connection after {timeout:g} s of silence",
+    )
+
+
+@covers("TRN-025")
+@requires(Capability.WORKER_LIMITS, Capability.MOCK_CLOCK)
+def test_a_silent_connection_is_closed_at_the_idle_timeout(target: Target) -> None:
+    worker = target.add_bounded_worker(WorkerBounds(idle_timeout=IDLE))
+    idle_then_closed(target, target.connect(worker), IDLE, "no byte ever sent")
+
+
+@covers("TRN-025")
+@requires(Capability.WORKER_LIMITS, Capability.MOCK_CLOCK)
+def test_a_connection_idle_between_requests_is_closed(target: Target) -> None:
+    worker = target.add_bounded_worker(WorkerBounds(idle_timeout=IDLE))
+    connection = target.connect(worker)
+    target.advance_time(IDLE - 0.5)
+    not_refused(target.write(connection, sized_request(512)), 1, "TRN-025", "a request")
+    idle_then_closed(target, connection, IDLE, "silent after one answered request")
+
+
+@covers("TRN-025")
+@requires(Capability.WORKER_LIMITS, Capability.MOCK_CLOCK)
+def test_a_connection_idle_inside_a_request_is_closed(target: Target) -> None:
+    """Each byte restarts the count: a request written in two parts, the second just before
+    the timeout, keeps the connection; silence after it closes the connection."""
+    worker = target.add_bounded_worker(WorkerBounds(idle_timeout=IDLE))
+    connection = target.connect(worker)
+    request = sized_request(512)
+    target.write(connection, request[:100])
+    target.advance_time(IDLE - 0.5)
+    seen = target.write(connection, request[100:300])
+    require(
+        "TRN-025",
+        not seen.closed and not seen.acks,
+        f"a request half written: the worker should wait for the rest, it sent "
+        f"{list(seen.acks)} and {'closed' if seen.closed else 'kept'} the connection",
+    )
+    idle_then_closed(target, connection, IDLE, "silent inside a request")
+
+
+@covers("TRN-025")
+@requires(
+    Capability.WORKER_LIMITS, Capability.MOCK_CLOCK, Capability.DIRECT, Capability.SCRIPT_STALL
+)
+def test_the_idle_timeout_spares_response_streams(target: Target) -> None:
+    """A stream stalled for twice the idle timeout still completes: only request-plane
+    connections are closed for silence, not the response streams the worker dialled."""
+    worker = target.add_bounded_worker(WorkerBounds(idle_timeout=IDLE))
+    target.script_worker(worker, Stall(items=1, items_after=1))
+    stalled = target.submit(Direct(worker))
+    target.advance_time(2 * IDLE)
+    target.release_stalled(worker)
+    outcome = finished(target, stalled, "TRN-025")
+    require(
+        "TRN-025",
+        outcome.error is None and indices(outcome) == [0, 1],
+        f"a response stream silent for {2 * IDLE:g} s (idle timeout {IDLE:g} s) should "
+        f"complete with items [0, 1]: {outcome}",
+    )
+    target.script_worker(worker, Serve())
+    serves_again(target, worker, "TRN-025")  # the router connects again
+
+
+@covers("TRN-025")
+@requires(Capability.WORKER_LIMITS, Capability.MOCK_CLOCK)
+def test_the_default_idle_timeout_is_600_seconds(target: Target) -> None:
+    worker = target.add_bounded_worker(WorkerBounds())
+    idle_then_closed(target, target.connect(worker), DEFAULT_IDLE_TIMEOUT, "default")
+
+
+# --- TRN-026 ---
+
+BUDGET = 16 * 1024
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS)
+def test_a_request_past_the_byte_budget_is_refused_overloaded(target: Target) -> None:
+    """A request of exactly the budget is read; one byte more is refused with
+    ``Server overloaded``, and the same connection then serves the next request."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    connection = target.connect(worker)
+    not_refused(target.write(connection, sized_request(BUDGET)), 1, "TRN-026", "at the budget")
+    seen = target.write(connection, sized_request(BUDGET + 1))
+    refused_overloaded(seen, 2, "TRN-026", "one byte past the budget")
+    seen = target.write(connection, sized_request(BUDGET - 1))
+    not_refused(seen, 3, "TRN-026", "just under the budget, after a refusal")
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS)
+def test_the_byte_budget_is_shared_by_all_connections(target: Target) -> None:
+    """One connection holds half the budget in a request cut short; a request on another
+    that would take the total past the budget is refused, one that fits is read, and the
+    first request, completed, is read too."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    holder, other = target.connect(worker), target.connect(worker)
+    held = sized_request(BUDGET // 2 + 1024)
+    target.write(holder, held[: BUDGET // 2])
+    seen = target.write(other, sized_request(BUDGET // 2 + 1))
+    refused_overloaded(seen, 1, "TRN-026", f"{BUDGET // 2} bytes held on another connection")
+    not_refused(target.write(other, sized_request(BUDGET // 2)), 2, "TRN-026", "one that fits")
+    not_refused(target.write(holder, held[BUDGET // 2 :]), 1, "TRN-026", "the held one")
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS)
+def test_the_default_byte_budget_is_64_mib(target: Target) -> None:
+    """Two requests cut short hold 60 MiB (a message is at most 32 MiB); a third connection's
+    request of the remaining 4 MiB is read, one of 4 MiB and a byte is refused."""
+    worker = target.add_bounded_worker(WorkerBounds())
+    cut_short = declared_prefix(MAX_MESSAGE_BYTES - 1024, 30 * 1024 * 1024)
+    for _ in range(2):
+        target.write(target.connect(worker), cut_short)
+    rest = DEFAULT_MAX_BUFFERED_BYTES - 2 * len(cut_short)
+    connection = target.connect(worker)
+    not_refused(target.write(connection, sized_request(rest)), 1, "TRN-026", "at 64 MiB")
+    refused_overloaded(
+        target.write(connection, sized_request(rest + 1)), 2, "TRN-026", "past 64 MiB"
+    )
