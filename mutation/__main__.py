@@ -1,0 +1,123 @@
+"""``python -m mutation``: mutation testing of the reference with the conformance suite.
+
+python -m mutation run                          # every specified module (hours)
+python -m mutation run --module routing/selection.py --module routing/worker_sets.py
+python -m mutation run --sample 40 --seed 1     # the CI lane: prints the kill rate
+python -m mutation report                       # rebuild report and page, run nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mutation import campaign, report
+
+ROOT = Path(__file__).resolve().parent.parent
+ADAPTERS = ("reference", "reference-tcp")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mutation", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run mutants, then write the report")
+    run.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a module under reference/routespec (routing/selection.py); repeatable; "
+        "default every specified module",
+    )
+    run.add_argument("--sample", type=int, metavar="N", help="a seeded random sample of N mutants")
+    run.add_argument("--seed", type=int, default=1, help="the sample's seed (default 1)")
+    run.add_argument(
+        "--rerun", action="store_true", help="run mutants that already have a verdict again"
+    )
+    run.add_argument(
+        "--fail-under",
+        type=float,
+        metavar="RATE",
+        help="exit 1 if the kill rate (0..1) is below RATE",
+    )
+    report_command = commands.add_parser("report", help="rebuild the report from stored verdicts")
+    for command in (run, report_command):
+        command.add_argument(
+            "--adapters",
+            default=",".join(ADAPTERS),
+            help="the lanes in order, comma-separated (default reference,reference-tcp)",
+        )
+        command.add_argument(
+            "--out",
+            type=Path,
+            help="state and report directory (default build/mutation, build/mutation-sample "
+            "for --sample)",
+        )
+        command.add_argument(
+            "--docs",
+            type=Path,
+            help="the page to write (default docs/mutation.md; none for --sample)",
+        )
+        command.add_argument(
+            "--max-children", type=int, default=1, help="mutants run at once (default 1)"
+        )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    adapters = [a for a in args.adapters.split(",") if a]
+    sample = getattr(args, "sample", None)
+    out = (args.out or ROOT / "build" / ("mutation-sample" if sample else "mutation")).resolve()
+    docs = args.docs or (None if sample else ROOT / "docs" / "mutation.md")
+    if args.command == "run":
+        plan = campaign.Plan(
+            adapters=adapters,
+            modules=args.module,
+            sample=sample,
+            seed=args.seed,
+            children=args.max_children,
+            rerun=args.rerun,
+            out=out,
+        )
+        result = campaign.execute(plan)
+    else:
+        result = campaign.report_only(adapters, out)
+    report.write_json(result, out / "report.json")
+    if docs is not None:
+        docs.write_text(report.markdown(result))
+    _print_summary(result, out / "report.json", docs)
+    rate = result["overall"]["score"]
+    fail_under = getattr(args, "fail_under", None)
+    return 1 if fail_under is not None and (rate is None or rate < fail_under) else 0
+
+
+def _print_summary(result: dict[str, Any], path: Path, docs: Path | None) -> None:
+    for module, figures in result["modules"].items():
+        print(f"{module:40} {_line(figures)}")
+    overall = result["overall"]
+    print(f"{'all':40} {_line(overall)}")
+    rate = overall["score"]
+    detected = overall["killed"] + overall["timeout"]
+    judged = detected + overall["survived"] + overall["no tests"] + overall["suspicious"]
+    shown = "n/a" if rate is None else f"{100 * rate:.1f} %"
+    print(f"kill rate: {detected}/{judged} = {shown} (commit {result['commit'][:12]})")
+    if overall["no tests"]:
+        reached = overall["score_reached"]
+        print(
+            f"kill rate over the mutants a check reached: {detected}/{judged - overall['no tests']}"
+            f" = {'n/a' if reached is None else f'{100 * reached:.1f} %'}; "
+            f"{overall['no tests']} reached by no check of lanes {', '.join(result['adapters'])}"
+        )
+    print(f"report: {path}" + (f" and {docs}" if docs else ""))
+
+
+def _line(figures: dict[str, Any]) -> str:
+    shown = [f"{figures['mutants']} mutants"]
+    shown += [f"{figures[b]} {b}" for b in (*report.BUCKETS, "equivalent") if figures[b]]
+    return ", ".join(shown)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""One mutation run: stage each adapter's lane, pick the mutants, run the lanes in turn (a
+lane runs only what the lanes before it left alive), and build the report."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from mutation import equivalents, mutmut_driver, report
+from mutation.layers import is_specified
+from mutation.mutmut_driver import Verdict
+from mutation.stage import stage
+
+ALIVE = ("survived", "no tests", "suspicious", "not checked")
+
+
+@attrs.frozen
+class Plan:
+    adapters: Sequence[str]
+    modules: Sequence[str]  # empty: every specified module
+    sample: int | None
+    seed: int
+    children: int
+    rerun: bool
+    out: Path
+
+
+def _glob(module: str) -> str:
+    return "routespec." + module.removesuffix(".py").replace("/", ".") + ".*"
+
+
+def _patterns(todo: list[str], everything: Mapping[str, Verdict]) -> list[str]:
+    """Names to hand mutmut; a module wholly in ``todo`` as one glob (mutmut matches every
+    name against every pattern)."""
+    by_module: dict[str, set[str]] = {}
+    for verdict in everything.values():
+        by_module.setdefault(verdict.module, set()).add(verdict.name)
+    wanted = set(todo)
+    patterns: list[str] = []
+    for module, names in sorted(by_module.items()):
+        if names <= wanted:
+            patterns.append(_glob(module))
+        else:
+            patterns += sorted(names & wanted)
+    return patterns
+
+
+def execute(plan: Plan) -> dict[str, Any]:
+    stages = {adapter: stage(plan.out / adapter, adapter) for adapter in plan.adapters}
+    first = stages[plan.adapters[0]]
+    mutmut_driver.generate(first, plan.children)
+    everything = {n: v for n, v in mutmut_driver.verdicts(first).items() if is_specified(v.module)}
+    known_modules = {v.module for v in everything.values()}
+    unknown = sorted(set(plan.modules) - known_modules)
+    if unknown:
+        raise SystemExit(f"not a mutated module: {', '.join(unknown)} (paths under routespec/)")
+    scope_modules = set(plan.modules) or known_modules
+    listed = equivalents.load()
+    candidates = sorted(
+        n for n, v in everything.items() if v.module in scope_modules and n not in listed
+    )
+    if plan.sample is not None:
+        candidates = sorted(
+            random.Random(plan.seed).sample(candidates, min(plan.sample, len(candidates)))
+        )
+    rerun = plan.rerun or plan.sample is not None
+    lanes: dict[str, Mapping[str, Verdict]] = {}
+    lane_seconds: dict[str, float] = {}
+    log = plan.out / "mutmut.log"
+    for adapter, directory in stages.items():
+        if lanes:
+            mutmut_driver.seed_from(directory, first)
+        current = mutmut_driver.verdicts(directory)
+        todo = [
+            n
+            for n in candidates
+            if all(lane[n].status in ALIVE for lane in lanes.values())
+            and (rerun or current.get(n) is None or current[n].status == "not checked")
+        ]
+        if todo:
+            print(f"{adapter}: {len(todo)} mutants", flush=True)
+            started = time.monotonic()
+            code = mutmut_driver.run(directory, _patterns(todo, everything), plan.children, log)
+            lane_seconds[adapter] = time.monotonic() - started
+            if code != 0:
+                raise SystemExit(f"mutmut run failed in {directory} (exit {code}); see {log}")
+        lanes[adapter] = mutmut_driver.verdicts(directory)
+    names = candidates if plan.sample is not None else sorted(everything)
+    selection = {"modules": sorted(plan.modules), "sample": plan.sample, "seed": plan.seed}
+    return build_report(plan.out, stages, names, lanes, selection, lane_seconds)
+
+
+def build_report(
+    out: Path,
+    stages: Mapping[str, Path],
+    names: Sequence[str],
+    lanes: Mapping[str, Mapping[str, Verdict]],
+    selection: Mapping[str, Any],
+    lane_seconds: Mapping[str, float],
+) -> dict[str, Any]:
+    listed = equivalents.load()
+    first_stage = next(iter(stages.values()))
+    first_lane = next(iter(lanes.values()))
+    diffs = _cached_diffs(out)
+    alive = [
+        n
+        for n in names
+        if all(lane.get(n) is None or lane[n].status in ALIVE for lane in lanes.values())
+        and first_lane[n].status != "not checked"
+    ]
+    for name in alive:
+        key = f"{name}@{first_lane[name].function_hash}"
+        if key not in diffs:
+            diffs[key] = mutmut_driver.diff(first_stage, name)
+    (out / "diffs.json").write_text(json.dumps(diffs, indent=1, ensure_ascii=False))
+    by_name = {n: diffs.get(f"{n}@{first_lane[n].function_hash}", "") for n in names}
+    return report.build(
+        names, {a: lanes[a] for a in lanes}, listed, by_name, selection, lane_seconds
+    )
+
+
+def _cached_diffs(out: Path) -> dict[str, str]:
+    path = out / "diffs.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def report_only(adapters: Sequence[str], out: Path) -> dict[str, Any]:
+    """The report from the lanes' stored verdicts, running nothing."""
+    stages = {a: out / a for a in adapters if (out / a / "mutants").exists()}
+    if not stages:
+        raise SystemExit(f"no mutation results under {out}: run `python -m mutation run` first")
+    lanes = {a: mutmut_driver.verdicts(d) for a, d in stages.items()}
+    first = next(iter(lanes.values()))
+    names = sorted(n for n, v in first.items() if is_specified(v.module))
+    return build_report(out, stages, names, lanes, {"modules": [], "sample": None}, {})

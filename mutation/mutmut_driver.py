@@ -1,0 +1,131 @@
+"""Driving mutmut 3 (pinned: 3.8.1) in a stage: generate the mutants, run some, read results.
+
+mutmut keeps each source file's verdicts in ``mutants/<file>.meta`` (JSON: exit code and
+seconds per mutant name); those files are what this module reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+
+# Generation only: the first step of ``mutmut run`` (mutmut has no command for it alone), so
+# that mutant names can be listed and sampled before any test runs.
+_GENERATE = """
+import os, sys
+from mutmut.__main__ import copy_also_copy_files, copy_src_dir, create_mutants
+os.makedirs("mutants", exist_ok=True)
+copy_src_dir()
+copy_also_copy_files()
+stats = create_mutants(int(sys.argv[1]))
+print(f"{stats.mutated} files mutated, {stats.ignored} copied, {stats.unmodified} unchanged")
+"""
+
+
+@attrs.frozen
+class Verdict:
+    name: str
+    module: str  # path under reference/routespec, such as routing/selection.py
+    status: str  # mutmut's words: killed, survived, timeout, suspicious, no tests, ...
+    seconds: float | None
+    function_hash: str  # mutmut's hash of the mutated function's source
+
+
+def mutmut_command() -> list[str]:
+    beside = Path(sys.executable).parent / "mutmut"
+    found = str(beside) if beside.exists() else shutil.which("mutmut")
+    if found is None:
+        raise SystemExit("mutmut is not installed: pip install 'mutmut==3.8.1'")
+    return [found]
+
+
+def environment(stage: Path) -> dict[str, str]:
+    """Processes a check starts (reference-tcp's drill workers) import the mutated copy too."""
+    env = dict(os.environ)
+    mutated = str((stage / "mutants" / "src").resolve())
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [mutated, env.get("PYTHONPATH")]))
+    env.setdefault("NO_COLOR", "1")
+    return env
+
+
+def generate(stage: Path, children: int) -> None:
+    subprocess.run(
+        [sys.executable, "-c", _GENERATE, str(children)],
+        cwd=stage,
+        env=environment(stage),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def seed_from(stage: Path, other: Path) -> None:
+    """Start ``stage``'s mutants from ``other``'s (same sources, so the same mutants), with
+    no verdicts: generation is the slowest fixed cost of a lane."""
+    if (stage / "mutants" / "src").exists() or not (other / "mutants" / "src").exists():
+        return
+    shutil.copytree(
+        other / "mutants" / "src", stage / "mutants" / "src", copy_function=shutil.copy2
+    )
+    for meta in (stage / "mutants" / "src").rglob("*.py.meta"):
+        data = json.loads(meta.read_text())
+        data["exit_code_by_key"] = dict.fromkeys(data["exit_code_by_key"])
+        data["durations_by_key"] = {}
+        data["estimated_durations_by_key"] = {}
+        meta.write_text(json.dumps(data, indent=4))
+
+
+def run(stage: Path, names: list[str], children: int, log: Path) -> int:
+    """``mutmut run`` on ``names`` (mutant names or globs); mutmut's output goes to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as out:
+        done = subprocess.run(
+            [*mutmut_command(), "run", "--max-children", str(children), *names],
+            cwd=stage,
+            env=environment(stage),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    return done.returncode
+
+
+def verdicts(stage: Path) -> dict[str, Verdict]:
+    """Every mutant of the stage by name, with its last verdict (``not checked`` if none)."""
+    # mutmut's own words for its exit codes; imported here so the report needs no mutmut
+    from mutmut.stats import status_by_exit_code
+    from mutmut.utils.format_utils import mangled_name_from_mutant_name
+
+    found: dict[str, Verdict] = {}
+    root = stage / "mutants" / "src" / "routespec"
+    for meta in sorted(root.rglob("*.py.meta")):
+        data = json.loads(meta.read_text())
+        module = meta.relative_to(root).with_suffix("").as_posix()
+        durations = data.get("durations_by_key", {})
+        hashes = data.get("hash_by_function_name", {})
+        for name, code in data["exit_code_by_key"].items():
+            function = mangled_name_from_mutant_name(name).rpartition(".")[2]
+            status = status_by_exit_code[code]
+            found[name] = Verdict(
+                name, module, status, durations.get(name), hashes.get(function, "")
+            )
+    return found
+
+
+def diff(stage: Path, name: str) -> str:
+    """The mutant's change as mutmut shows it (a unified diff of its function)."""
+    shown = subprocess.run(
+        [*mutmut_command(), "show", name],
+        cwd=stage,
+        env=environment(stage),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = shown.stdout.splitlines()
+    return "\n".join(line for line in lines if line.startswith(("-", "+", "@", " ")))

@@ -1,0 +1,155 @@
+"""The staged tree mutmut runs in: ``src/routespec`` laid out as the wheel lays it out.
+
+mutmut 3 imports the code under test from ``mutants/src`` and names each mutant by its file
+path, so the package must sit under ``src/`` with file paths equal to import names; the
+repository maps conformance/, adapters/ and spec/ into ``routespec`` with setuptools'
+package-dir instead. One stage per adapter (``build/mutation/<adapter>``): mutmut keeps its
+results and its test-to-function map per directory, and the test command differs.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from mutation.layers import EXCLUDED, SPECIFIED
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIRS = {  # the pyproject's [tool.setuptools.package-dir], as staged paths
+    "": ROOT / "reference" / "routespec",
+    "conformance": ROOT / "conformance",
+    "adapters": ROOT / "adapters",
+    "spec": ROOT / "spec",
+}
+SKIP_PARTS = {"__pycache__", ".hypothesis", ".pytest_cache", ".mypy_cache"}
+PROFILE = "mutation"
+
+CONFTEST = f'''"""Written by mutation/stage.py: the bounded profile, derandomized, with no
+example database, so a mutant's verdict depends on no seed and no earlier run."""
+
+from collections.abc import Generator
+
+import pytest
+from hypothesis import settings
+
+import routespec.conformance.plugin  # noqa: F401  # registers the "bounded" profile
+
+settings.register_profile(
+    "{PROFILE}",
+    parent=settings.get_profile("bounded"),
+    derandomize=True,
+    database=None,
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]:
+    # mutmut lists the tests with --collect-only, which the kit's plugin reports as "ran
+    # nothing" (exit 5) whenever --adapter is given; a listing that found tests is a success.
+    yield
+    if session.config.option.collectonly and session.testscollected:
+        if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            session.exitstatus = pytest.ExitCode.OK
+'''
+
+
+def _toml_list(items: list[str]) -> str:
+    return json.dumps(items)  # a JSON list of strings is a TOML array
+
+
+def pyproject(adapter: str) -> str:
+    only = [f"src/routespec/{glob}" for glob in SPECIFIED]
+    excluded = [f"src/routespec/{path}" for path in EXCLUDED]
+    pytest_args = ["--adapter", adapter, "--hypothesis-profile", PROFILE, "-p", "no:cacheprovider"]
+    if not _plugin_installed():
+        pytest_args += ["-p", "routespec.conformance.plugin"]
+    return f"""# Written by mutation/stage.py; edit that file instead.
+[tool.mutmut]
+source_paths = ["src"]
+only_mutate = {_toml_list(only)}
+do_not_mutate = {_toml_list(excluded)}
+pytest_add_cli_args_test_selection = ["src/routespec/conformance"]
+pytest_add_cli_args = {_toml_list(pytest_args)}
+also_copy = ["conftest.py"]
+use_git_change_detection = false
+
+[tool.pytest.ini_options]
+testpaths = ["src/routespec/conformance"]
+addopts = ["--strict-markers", "--strict-config"]
+trio_mode = true
+filterwarnings = ["error"]
+xfail_strict = true
+"""
+
+
+def _plugin_installed() -> bool:
+    """An installed routespec registers the plugin itself (pytest11); naming it again with
+    ``-p`` would register the module twice."""
+    return any(ep.value == "routespec.conformance.plugin" for ep in entry_points(group="pytest11"))
+
+
+def _sync_tree(source: Path, target: Path) -> set[Path]:
+    """Copy ``source`` into ``target``, keeping mtimes (mutmut regenerates a file's mutants
+    only when its source is newer); returns the relative paths present."""
+    present: set[Path] = set()
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if path.is_dir() or SKIP_PARTS & set(relative.parts):
+            continue
+        present.add(relative)
+        destination = target / relative
+        if destination.exists() and filecmp.cmp(path, destination, shallow=False):
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, destination)
+    return present
+
+
+def stage(directory: Path, adapter: str) -> Path:
+    """Write the stage for ``adapter`` into ``directory`` and return it."""
+    src = directory / "src" / "routespec"
+    present: set[Path] = set()
+    for subpackage, source in PACKAGE_DIRS.items():
+        target = src / subpackage if subpackage else src
+        prefix = Path(subpackage) if subpackage else Path()
+        present |= {prefix / p for p in _sync_tree(source, target)}
+    for stale in [p for p in src.rglob("*") if p.is_file()]:
+        relative = stale.relative_to(src)
+        if relative not in present and not SKIP_PARTS & set(relative.parts):
+            stale.unlink()
+    _write_if_changed(directory / "pyproject.toml", pyproject(adapter))
+    _write_if_changed(directory / "conftest.py", CONFTEST)
+    _refresh_mutants_copy(directory, present)
+    return directory
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def _refresh_mutants_copy(directory: Path, present: set[Path]) -> None:
+    """mutmut rewrites every .py file of ``mutants/`` on each run but copies other files
+    (the spec pages, the expectation TOML) only once: refresh those, drop removed files."""
+    mutated = directory / "mutants" / "src" / "routespec"
+    if not mutated.exists():
+        return
+    staged = directory / "src" / "routespec"
+    for relative in present:
+        if relative.suffix != ".py":
+            copy = mutated / relative
+            if not copy.exists() or not filecmp.cmp(staged / relative, copy, shallow=False):
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(staged / relative, copy)
+    for path in [p for p in mutated.rglob("*") if p.is_file()]:
+        relative = path.relative_to(mutated)
+        if SKIP_PARTS & set(relative.parts):
+            continue
+        base = relative.with_suffix("") if relative.suffix in (".meta", ".spans") else relative
+        if base not in present:
+            path.unlink()
+    for name in ("pyproject.toml", "conftest.py"):
+        shutil.copy2(directory / name, directory / "mutants" / name)

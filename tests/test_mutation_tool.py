@@ -1,0 +1,109 @@
+"""The mutation tool's bookkeeping (mutation/): how lanes combine, what the score counts,
+when an equivalent entry stops counting, and what the stage mutates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mutation import report, stage
+from mutation.equivalents import Equivalent, load
+from mutation.layers import is_specified
+from mutation.mutmut_driver import Verdict
+
+NAME = "routespec.routing.selection.xǁSelectorǁselect__mutmut_1"
+
+
+def _verdict(status: str, name: str = NAME, function_hash: str = "abc") -> Verdict:
+    return Verdict(name, "routing/selection.py", status, 1.0, function_hash)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "combined"),
+    [
+        ("survived", "killed", "killed"),
+        ("killed", "not checked", "killed"),
+        ("no tests", "survived", "survived"),
+        ("no tests", "timeout", "timeout"),
+        ("survived", "not checked", "survived"),
+        ("segfault", "not checked", "timeout"),
+        ("what is this", "not checked", "suspicious"),
+    ],
+)
+def test_a_lane_that_kills_decides(first: str, second: str, combined: str) -> None:
+    assert report.combine([_verdict(first), _verdict(second)]) == combined
+
+
+def test_nothing_checked_is_not_checked() -> None:
+    assert report.combine([None, _verdict("not checked")]) == "not checked"
+
+
+def _build(status: str, equivalents: dict[str, Equivalent]) -> dict[str, object]:
+    lanes = {"reference": {NAME: _verdict(status)}}
+    return report.build([NAME], lanes, equivalents, {}, {"modules": []}, {})
+
+
+def test_an_equivalent_survivor_leaves_the_score() -> None:
+    built = _build("survived", {NAME: Equivalent(NAME, "same", "abc")})
+    overall = built["overall"]
+    assert isinstance(overall, dict)
+    assert (overall["equivalent"], overall["survived"], overall["score"]) == (1, 0, None)
+    assert built["survivors"] == []
+
+
+def test_an_equivalent_entry_for_a_changed_function_is_stale() -> None:
+    built = _build("survived", {NAME: Equivalent(NAME, "same", "old")})
+    overall = built["overall"]
+    assert isinstance(overall, dict)
+    assert (overall["equivalent"], overall["survived"], overall["score"]) == (0, 1, 0.0)
+    assert [e["name"] for e in built["stale_equivalents"]] == [NAME]  # type: ignore[attr-defined]
+
+
+def test_a_killed_mutant_listed_equivalent_is_flagged_and_counted_killed() -> None:
+    built = _build("killed", {NAME: Equivalent(NAME, "same", None)})
+    overall = built["overall"]
+    assert isinstance(overall, dict)
+    assert (overall["killed"], overall["equivalent"], overall["score"]) == (1, 0, 1.0)
+    assert len(built["stale_equivalents"]) == 1  # type: ignore[arg-type]
+
+
+def test_the_score_leaves_out_unchecked_and_skipped() -> None:
+    counts = dict.fromkeys((*report.BUCKETS, "equivalent"), 0)
+    counts |= {"killed": 3, "timeout": 1, "survived": 1, "not checked": 50, "skipped": 2}
+    assert report.score(counts) == 0.8
+
+
+def test_the_shipped_equivalents_file_reads() -> None:
+    for name, entry in load().items():
+        assert name.startswith("routespec.")
+        assert "__mutmut_" in name
+        assert entry.reason
+
+
+@pytest.mark.parametrize(
+    ("module", "mutated"),
+    [
+        ("errors.py", True),
+        ("routing/selection.py", True),
+        ("discovery/file_store.py", True),
+        ("discovery/etcd_store.py", False),
+        ("deploy/cli/main.py", False),
+        ("testing/target.py", False),
+        ("target.py", False),
+        ("__main__.py", False),
+    ],
+)
+def test_only_the_specified_layers_are_mutated(module: str, mutated: bool) -> None:
+    assert is_specified(module) is mutated
+
+
+def test_the_stage_is_the_wheel_layout(tmp_path: Path) -> None:
+    staged = stage.stage(tmp_path / "reference", "reference")
+    package = staged / "src" / "routespec"
+    for path in ("routing/selection.py", "conformance/plugin.py", "adapters/reference.py"):
+        assert (package / path).is_file(), path
+    assert (package / "spec" / "selection.md").is_file()
+    config = (staged / "pyproject.toml").read_text()
+    assert '"--adapter", "reference"' in config
+    assert 'do_not_mutate = ["src/routespec/discovery/etcd_store.py"]' in config
