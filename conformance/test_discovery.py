@@ -374,6 +374,29 @@ def test_a_store_that_lost_its_records_is_repopulated(target: Target) -> None:
     )
 
 
+@covers("DSC-010")
+@requires(STORE)
+def test_a_watcher_lists_what_registers_after_an_outage(target: Target) -> None:
+    """DSC-010 on its own, whether or not the running worker's record comes back (DSC-009)."""
+    store = target.open_discovery()
+    timing = store.timing()
+    watcher = store.watch(ENDPOINT)
+    store.register(ENDPOINT)
+    store.advance(timing.propagation)
+    store.lose_records()
+    store.advance(timing.propagation)
+    newcomer = store.register(ENDPOINT)
+    store.advance(timing.propagation)
+    require_compare(
+        "DSC-010",
+        newcomer,
+        "in",
+        ids(store, watcher),
+        f"{newcomer} registered after the store lost its records; the watcher, running "
+        f"through the loss, lists {sorted(ids(store, watcher))}",
+    )
+
+
 # --- DSC-011: refused stores ---
 
 OWN_STORE = "<the target's own store>"
