@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 
 import pytest
 
 from routespec.conformance import oracle
 from routespec.conformance.checks import RequirementViolation
-from routespec.testing.target import Capability, ErrorSpec, ObservedError, Outcome, Target
+from routespec.conformance.plugin import OpenTarget
+from routespec.testing.target import (
+    Capability,
+    ErrorSpec,
+    ObservedError,
+    Outcome,
+    Target,
+    TargetConfig,
+)
 
 MODE_CAPABILITY = {
     "round-robin": Capability.ROUND_ROBIN,
@@ -85,3 +94,25 @@ def spec_of(chain: Sequence[str | None]) -> ErrorSpec:
     if spec is None:
         raise ValueError("a chain has at least one link")
     return spec
+
+
+def refusal(open_target: OpenTarget, config: TargetConfig) -> Exception | None:
+    """What building a router with ``config`` failed with, or None if it was built."""
+    try:
+        with open_target(config):
+            return None
+    except Exception as error:  # the spec names no type for the refusal
+        return error
+
+
+@contextmanager
+def built(open_target: OpenTarget, config: TargetConfig, requirement: str) -> Iterator[Target]:
+    """A target opened with ``config``, which the spec says must be accepted."""
+    with ExitStack() as stack:
+        try:
+            target = stack.enter_context(open_target(config))
+        except Exception as error:
+            raise RequirementViolation(
+                requirement, f"a router with {config} should be built; it was refused: {error!r}"
+            ) from error
+        yield target

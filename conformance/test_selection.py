@@ -7,8 +7,7 @@ occupancy without depending on the mode under test.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -25,9 +24,11 @@ from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import (
     BUILTIN_MODES,
     OCCUPANCY_MODES,
+    built,
     finished,
     loads,
     reached,
+    refusal,
     shows_outer,
 )
 from routespec.testing.target import (
@@ -383,19 +384,6 @@ def test_device_aware_weighs_device_groups(target: Target, layout: tuple[str, ..
     weighs_device_groups(target, layout, ratio=8)
 
 
-@contextmanager
-def built(open_target: OpenTarget, config: TargetConfig, requirement: str) -> Iterator[Target]:
-    """A target opened with ``config``, which the spec says must be accepted."""
-    with ExitStack() as stack:
-        try:
-            target = stack.enter_context(open_target(config))
-        except Exception as error:
-            raise RequirementViolation(
-                requirement, f"a router with {config} should be built; it was refused: {error!r}"
-            ) from error
-        yield target
-
-
 @covers("SEL-010")
 @requires(
     Capability.DEVICE_AWARE_WEIGHTED,
@@ -418,11 +406,7 @@ def test_device_aware_applies_its_ratio(
 @requires(Capability.DEVICE_AWARE_WEIGHTED)
 @pytest.mark.parametrize("ratio", [0, -1], ids=lambda ratio: f"ratio-{ratio}")
 def test_a_ratio_below_one_is_refused(open_target: OpenTarget, ratio: int) -> None:
-    try:
-        with open_target(TargetConfig(device_ratio=ratio)):
-            refused: Exception | None = None
-    except Exception as error:  # the spec names no type for the refusal
-        refused = error
+    refused = refusal(open_target, TargetConfig(device_ratio=ratio))
     require(
         "SEL-010",
         refused is not None,

@@ -15,8 +15,6 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 
 import attrs
 import pytest
@@ -30,7 +28,14 @@ from routespec.conformance.checks import (
     requires,
 )
 from routespec.conformance.plugin import OpenTarget
-from routespec.conformance.scenario import finished, reached, shows_outer, tokens
+from routespec.conformance.scenario import (
+    built,
+    finished,
+    reached,
+    refusal,
+    shows_outer,
+    tokens,
+)
 from routespec.testing.target import (
     Adapter,
     Capability,
@@ -378,28 +383,6 @@ REFUSED_DEADLINES = {
     "nan": math.nan,
 }
 ACCEPTED_DEADLINES = {"tiny": TINY, "half": 0.5, "one": 1.0, "largest-finite": sys.float_info.max}
-
-
-def refusal(open_target: OpenTarget, config: TargetConfig) -> Exception | None:
-    """What building a router with ``config`` failed with, or None if it was built."""
-    try:
-        with open_target(config):
-            return None
-    except Exception as error:  # the spec names no type for the refusal
-        return error
-
-
-@contextmanager
-def built(open_target: OpenTarget, config: TargetConfig, requirement: str) -> Iterator[Target]:
-    """A target opened with ``config``, which the spec says must be accepted."""
-    with ExitStack() as stack:
-        try:
-            target = stack.enter_context(open_target(config))
-        except Exception as error:
-            raise RequirementViolation(
-                requirement, f"a router with {config} should be built; it was refused: {error!r}"
-            ) from error
-        yield target
 
 
 @covers("TMO-010")
