@@ -13,7 +13,7 @@ import attrs
 import trio
 
 from routespec.adapters.reference_discovery import ReferenceDiscovery
-from routespec.adapters.reference_host import ReferenceHost, build_host
+from routespec.adapters.reference_host import ReferenceHost, build_host, set_only
 from routespec.discovery.instances import Instance, MemoryDiscovery
 from routespec.errors import RoutingError, bound_message, error_chain, parse_type_label, type_label
 from routespec.errors import match_error_chain as reference_match_error_chain
@@ -281,11 +281,13 @@ class ReferenceTarget:
                     ),
                     portal.nursery,
                 ),
-                inhibited_duration=config.inhibited_duration,
                 fault_detection=config.fault_detection,
                 rng=random.Random(config.seed),
-                device_ratio=config.device_ratio,
                 load_thresholds=thresholds_of(config.load_thresholds),
+                **set_only(
+                    inhibited_duration=config.inhibited_duration,
+                    device_ratio=config.device_ratio,
+                ),
             )
 
         self._router = portal.call(build)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import attrs
 
 from routespec.errors import ErrorKind, RoutingError
 from routespec.host.affinity import AffinityCoordinator, AffinityMode, AffinityTarget, Initialize
-from routespec.host.kv import KvScheduler
+from routespec.host.kv import KV_INDEX_BLOCKS, KvScheduler
 from routespec.host.lora import LoraFilter
 from routespec.host.request import HostRequest, Phase, RequestContext, RoutingHints
 from routespec.host.routing_host import (
@@ -61,6 +62,11 @@ def host_request(request: Request, route: HostRoute) -> HostRequest:
     )
 
 
+def set_only(**settings: Any) -> dict[str, Any]:
+    """The settings a check set; the others keep the reference's own defaults."""
+    return {name: value for name, value in settings.items() if value is not None}
+
+
 def build_host(
     host_class: type[RoutingHost],
     router: PushRouter,
@@ -78,7 +84,14 @@ def build_host(
         affinity=affinity,
         affinity_mode=AffinityMode(config.affinity_mode),
         lora=LoraFilter() if config.lora else None,
-        kv=lambda: KvScheduler(config.block_size, config.temperature, random.Random(seed)),
+        kv=lambda: KvScheduler(
+            config.block_size,
+            config.temperature,
+            random.Random(seed),
+            kv_index_blocks=(
+                KV_INDEX_BLOCKS if config.kv_index_blocks is None else config.kv_index_blocks
+            ),
+        ),
         prepare=prepare,
     )
     host.worker_configs.update({worker: WorkerConfig() for worker in workers})

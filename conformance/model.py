@@ -24,6 +24,7 @@ from routespec.testing.target import (
     Reject,
     Serve,
     Stall,
+    TargetConfig,
     WorkerScript,
 )
 
@@ -71,6 +72,10 @@ class OpenRequest:
     booked: bool
 
 
+SPEC_INHIBITED_DURATION = 5.0  # FLT-001's default
+SPEC_DEVICE_RATIO = 8  # SEL-010's default
+
+
 @attrs.define
 class RouterModel:
     inhibited_duration: float
@@ -82,6 +87,17 @@ class RouterModel:
     round_robin_selections: int = 0
     # FLT rules this model applied since the last take_applied(); not part of the state.
     applied: set[str] = attrs.field(factory=set, eq=False)
+
+    @classmethod
+    def of(cls, config: TargetConfig) -> RouterModel:
+        """The router ``config`` builds, its unset settings at the spec's defaults."""
+        return cls(
+            SPEC_INHIBITED_DURATION
+            if config.inhibited_duration is None
+            else config.inhibited_duration,
+            config.fault_detection,
+            SPEC_DEVICE_RATIO if config.device_ratio is None else config.device_ratio,
+        )
 
     def take_applied(self) -> set[str]:
         taken, self.applied = self.applied, set()

@@ -123,17 +123,21 @@ class DispatchMachine(TargetMachine):
 
     @initialize(
         seed=st.integers(0, 2**32 - 1),
-        inhibited_duration=st.sampled_from([5.0, 0.0, 2.0]),
+        inhibited_duration=st.sampled_from([None, 0.0, 2.0]),  # None: the target's own
         fault_detection=st.booleans(),
         devices=st.lists(st.sampled_from(["cuda", "cpu"]), max_size=4),
     )
     def open_target(
-        self, seed: int, inhibited_duration: float, fault_detection: bool, devices: list[str]
+        self,
+        seed: int,
+        inhibited_duration: float | None,
+        fault_detection: bool,
+        devices: list[str],
     ) -> None:
         if not self.has(Capability.CONFIGURE_INHIBITION):
-            inhibited_duration, fault_detection = 5.0, True
+            inhibited_duration, fault_detection = None, True
         config = TargetConfig(seed, inhibited_duration, fault_detection)
-        self.model = RouterModel(inhibited_duration, fault_detection, config.device_ratio)
+        self.model = RouterModel.of(config)
         self.open(config)
         for device in devices:
             self.add_worker(device)

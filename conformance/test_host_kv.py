@@ -506,8 +506,12 @@ def test_a_plan_draws_on_its_preview_budget(target: Target) -> None:
 @requires(HOST)
 @pytest.mark.parametrize(
     "config",
-    [HostConfig(policy="kv", block_size=0), HostConfig(policy="kv", temperature=-0.5)],
-    ids=["block-size-0", "negative-temperature"],
+    [
+        HostConfig(policy="kv", block_size=0),
+        HostConfig(policy="kv", temperature=-0.5),
+        HostConfig(policy="kv", kv_index_blocks=0),
+    ],
+    ids=["block-size-0", "negative-temperature", "index-blocks-0"],
 )
 def test_kv_settings_are_checked_at_construction(target: Target, config: HostConfig) -> None:
     refused_at_construction(target, "KVS-010", config, "its KV settings are out of range")
@@ -633,3 +637,79 @@ def test_a_plan_is_used_once(target: Target, first: str) -> None:
         f"{redispatched}; counters {counters} -> {host.counters()}, bookings {bookings} -> "
         f"{host.bookings()}",
     )
+
+
+# --- KVS-017: the index's bound ---
+
+
+def holds_all(host: RoutingHostTarget, warm: int, query: Sequence[int], why: str) -> None:
+    picks = set(previews(host, query, 10, "KVS-017"))
+    require_equal(
+        "KVS-017",
+        picks,
+        {warm},
+        f"{why}: worker {warm} should still hold every block of {query[:8]}…, so 10 previews "
+        f"should choose only it; they chose {sorted(picks)}",
+    )
+
+
+def forgot_the_first(
+    host: RoutingHostTarget, pool: Sequence[int], query: Sequence[int], why: str
+) -> None:
+    picks = set(previews(host, query, 40, "KVS-017"))
+    require_equal(
+        "KVS-017",
+        picks,
+        set(pool),
+        f"{why}: worker {pool[0]} should have forgotten the first block of {query[:8]}…, so "
+        f"it ties with the idle {pool[1]} (KVS-003) and 40 previews should choose both; "
+        f"they chose {sorted(picks)}",
+    )
+
+
+@covers("KVS-017", "KVS-010")
+@requires(HOST)
+@pytest.mark.parametrize("bound", [1, 4])
+def test_the_index_forgets_past_its_bound(target: Target, bound: int) -> None:
+    warm, cold = workers(target, 2, Serve())
+    host = host_of(
+        target, "KVS-017", HostConfig(policy="kv", block_size=BLOCK, kv_index_blocks=bound)
+    )
+    query = list(range(1, BLOCK * bound + 1))  # exactly ``bound`` blocks
+    pin(target, host, warm, query)
+    holds_all(host, warm, query, f"at its bound of {bound} blocks")
+    pin(target, host, warm, [0] * BLOCK)  # one block more than the bound
+    forgot_the_first(host, [warm, cold], query, f"one block past its bound of {bound}")
+
+
+@covers("KVS-017")
+@requires(HOST)
+def test_recording_a_held_block_makes_it_the_most_recent(target: Target) -> None:
+    warm, _cold = workers(target, 2, Serve())
+    host = host_of(target, "KVS-017", HostConfig(policy="kv", block_size=BLOCK, kv_index_blocks=4))
+    query = list(range(1, BLOCK * 4 + 1))
+    pin(target, host, warm, query)
+    pin(target, host, warm, query[:BLOCK])  # the first block again: now the most recent
+    pin(target, host, warm, [0] * BLOCK)  # forgets the second block, not the first
+    picks = set(previews(host, query, 10, "KVS-017"))
+    require_equal(
+        "KVS-017",
+        picks,
+        {warm},
+        f"worker {warm} recorded {query} (4 blocks, its bound), then its first block again, "
+        f"then another block: it should forget the second block and keep the first, so "
+        f"{query} still overlaps it by 1 block and 10 previews should choose only it; they "
+        f"chose {sorted(picks)}",
+    )
+
+
+@covers("KVS-017")
+@requires(HOST)
+def test_the_default_bound_is_65536_blocks(target: Target) -> None:
+    warm, cold = workers(target, 2, Serve())
+    host = host_of(target, "KVS-017", HostConfig(policy="kv", block_size=1))  # its own bound
+    query = list(range(65_536))
+    pin(target, host, warm, query)
+    holds_all(host, warm, query[:4], "at the default bound of 65,536 blocks")
+    pin(target, host, warm, [-1])
+    forgot_the_first(host, [warm, cold], query[:4], "one block past the default bound of 65,536")

@@ -381,7 +381,7 @@ MIXED_LAYOUTS = [("cpu", "cuda", "cuda"), ("cuda", "cpu", "cpu"), ("cpu", "cuda"
     "layout", [*MIXED_LAYOUTS, ("cpu", "cpu"), ("cuda", "cuda", "cuda")], ids="-".join
 )
 def test_device_aware_weighs_device_groups(target: Target, layout: tuple[str, ...]) -> None:
-    weighs_device_groups(target, layout, ratio=8)
+    weighs_device_groups(target, layout, ratio=8)  # the target keeps its own default ratio
 
 
 @covers("SEL-010")

@@ -878,6 +878,13 @@ class FrontendTarget(Unsupported):
                 "the affinity table's cap is not configurable in 1.6.1 (no flag, no "
                 "RouterConfig field)"
             )
+        if config.kv_index_blocks is not None:
+            unreachable(
+                "the KV index's per-worker block cap: 1.6.1's approximate index expires "
+                "blocks by age (KvRouterConfig router_ttl_secs=120.0, "
+                "router_approximate_cache_policy='ttl') "
+                "and has no count bound"
+            )
         router: dict[str, object] = {"policy": config.policy, "temperature": config.temperature}
         if config.affinity_ttl is not None:
             ttl = config.affinity_ttl

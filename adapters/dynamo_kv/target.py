@@ -332,6 +332,13 @@ class KvTarget(Unsupported):
             )
         if config.lora:
             unreachable("LoRA filtering is not a KvRouter setting")
+        if config.kv_index_blocks is not None:
+            unreachable(
+                "the KV index's per-worker block cap: 1.6.1's approximate index expires "
+                "blocks by age (KvRouterConfig router_ttl_secs=120.0, "
+                "router_approximate_cache_policy='ttl') "
+                "and has no count bound"
+            )
         if config.affinity_ttl is not None:
             unreachable(
                 "session affinity: KvRouter(session_affinity_ttl_secs=60) accepts a TTL, but no "

@@ -422,7 +422,7 @@ class FileDiscovery:
 
     async def watch(
         self,
-        interval: float = 0.5,
+        interval: float,
         on_added: IdCallback | None = None,
         on_removed: IdCallback | None = None,
     ) -> NoReturn:

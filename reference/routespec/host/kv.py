@@ -23,20 +23,21 @@ def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
     return list(chained)[1:]
 
 
-MAX_BLOCKS_PER_WORKER = 1 << 16
+KV_INDEX_BLOCKS = 1 << 16  # per worker (KVS-017)
 NO_HOLDERS: frozenset[int] = frozenset()
 
 
 @attrs.define
 class PrefixIndex:
     """Which blocks each worker holds, as routing decisions predict it (KVS-001); each
-    worker keeps its ``max_blocks`` most recently recorded blocks, so memory is bounded.
+    worker keeps its ``max_blocks`` most recently recorded blocks, so memory is bounded
+    (KVS-017).
 
     Kept both ways: each worker's blocks (for eviction) and each block's holders (to match
     a prompt against every worker at once, as a radix tree of chained block hashes would).
     """
 
-    max_blocks: int = MAX_BLOCKS_PER_WORKER
+    max_blocks: int = KV_INDEX_BLOCKS
     _cached: dict[int, dict[int, None]] = attrs.field(factory=dict)  # insertion-ordered sets
     _holders: dict[int, set[int]] = attrs.field(factory=dict)  # block -> workers holding it
 
@@ -105,17 +106,20 @@ class KvScheduler:
     block_size: int = DEFAULT_BLOCK_SIZE
     temperature: float = 0.0
     rng: random.Random = attrs.field(factory=random.Random)
-    index: PrefixIndex = attrs.field(factory=PrefixIndex)
+    kv_index_blocks: int = KV_INDEX_BLOCKS
+    index: PrefixIndex = attrs.field(
+        default=attrs.Factory(lambda self: PrefixIndex(self.kv_index_blocks), takes_self=True)
+    )
     _requests: dict[int, int] = attrs.field(factory=dict)  # worker -> active requests
     _blocks: dict[int, int] = attrs.field(factory=dict)  # worker -> active decode blocks
     _last: tuple[Sequence[int] | None, list[int]] = (None, [])
 
     def __attrs_post_init__(self) -> None:
-        if self.block_size < 1 or self.temperature < 0:
+        if self.block_size < 1 or self.temperature < 0 or self.kv_index_blocks < 1:
             raise RoutingError(
                 ErrorKind.INVALID_ARGUMENT,
-                f"block_size={self.block_size} must be >= 1 and temperature="
-                f"{self.temperature} >= 0 (KVS-010)",
+                f"block_size={self.block_size} and kv_index_blocks={self.kv_index_blocks} "
+                f"must be >= 1 and temperature={self.temperature} >= 0 (KVS-010)",
             )
 
     def request_blocks(self, tokens: Sequence[int]) -> int:

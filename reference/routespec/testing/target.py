@@ -455,12 +455,14 @@ class LoadReport:
 
 @attrs.frozen
 class TargetConfig:
-    """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C)."""
+    """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C). A setting
+    left ``None`` keeps the implementation's own default, so the checks that leave it so
+    judge the default the spec states (FLT-001's 5 s, SEL-010's ratio 8)."""
 
     seed: int = 0
-    inhibited_duration: float = 5.0
+    inhibited_duration: float | None = None
     fault_detection: bool = True
-    device_ratio: int = 8
+    device_ratio: int | None = None
     timeouts: Timeouts = Timeouts()
     load_thresholds: LoadThresholds = LoadThresholds()  # none set (Capability.REPORT_LOAD)
 
@@ -469,7 +471,7 @@ class TargetConfig:
 class HostConfig:
     """How a routing host is built: its policy (a builtin mode label, ``direct`` or ``kv``),
     session affinity (off when ``affinity_ttl`` is None; ``hard`` or ``soft``), LoRA
-    filtering, and the KV selector's settings."""
+    filtering, and the KV selector's settings (``None``: the implementation's default)."""
 
     policy: str = "round-robin"
     affinity_ttl: float | None = None
@@ -478,6 +480,7 @@ class HostConfig:
     lora: bool = False
     temperature: float = 0.0
     block_size: int = 16
+    kv_index_blocks: int | None = None  # None: the implementation's own bound (KVS-017)
 
 
 @attrs.frozen
