@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import html
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from routespec.conformance.registry import Requirement, load_requirements
 from routespec.conformance.report import VERDICTS, Report, RequirementResult
@@ -42,8 +44,11 @@ def render(
     reports: Sequence[Report],
     requirements: Mapping[str, Requirement],
     spec_base: str = SPEC_BASE,
+    mutation: Mapping[str, Any] | None = None,
 ) -> str:
-    """The Markdown page for ``reports`` (columns in this order)."""
+    """The Markdown page for ``reports`` (columns in this order); ``mutation``, a mutation
+    tool's summary (``python -m mutation`` writes docs/mutation-score.json), is shown beside
+    the totals: how much of the implementation the suite's verdicts pin down."""
     rows = [{row.id: row for row in report.requirements} for report in reports]
     ids = sorted({*requirements, *(rid for by_id in rows for rid in by_id)})
     anchors = _anchors(reports)
@@ -92,6 +97,8 @@ def render(
         counts = " | ".join(str(tally.get(v, 0)) for v in [*VERDICTS, MISSING])
         info = report.run_info
         lines.append(f"| `{info.adapter}` | `{info.hypothesis_profile}` | {counts} |")
+    if mutation is not None:
+        lines += ["", *_mutation_lines(mutation)]
     lines += [
         "",
         "## Requirements",
@@ -110,6 +117,17 @@ def render(
         lines += ["", f"### `{report.run_info.adapter}`", ""]
         lines += listed or ["Every requirement in this report passed."]
     return "\n".join(lines) + "\n"
+
+
+def _mutation_lines(summary: Mapping[str, Any]) -> list[str]:
+    score = summary["score"]
+    shown = "n/a" if score is None else f"{100 * score:.1f} %"
+    return [
+        f"**The suite's power:** a mutation score of **{shown}** on `{summary['target']}` "
+        f"({summary['killed']} of {summary['judged']} checked non-equivalent mutants killed, "
+        f"{summary['not_checked']} of {summary['mutants']} not checked yet; commit "
+        f"`{summary['commit'][:12]}`): [per module and every survivor](mutation.md).",
+    ]
 
 
 def _anchors(reports: Sequence[Report]) -> list[str]:
@@ -189,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--spec-base", default=SPEC_BASE, help="link prefix of the spec pages from the output"
     )
+    parser.add_argument(
+        "--mutation", type=Path, metavar="SCORE.json", help="a mutation summary to show too"
+    )
     args = parser.parse_args(argv)
     reports = []
     for path in args.reports:
@@ -196,7 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             reports.append(Report.load(path))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             parser.error(f"{path}: not a conformance report ({type(error).__name__}: {error})")
-    page = render(reports, load_requirements(), args.spec_base)
+    mutation = None
+    if args.mutation is not None:
+        try:
+            mutation = json.loads(args.mutation.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            parser.error(f"{args.mutation}: not a mutation summary ({error})")
+    page = render(reports, load_requirements(), args.spec_base, mutation)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(page, encoding="utf-8")
     print(f"wrote {args.output}: {len(reports)} adapters")

@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         result = campaign.report_only(adapters, out)
     report.write_json(result, out / "report.json")
     if docs is not None:
-        docs.write_text(report.markdown(result))
+        reports = [ROOT / "reports" / f"{adapter}.json" for adapter in adapters]
+        docs.write_text(report.markdown(result, report.requirement_coverage(reports)))
+        report.write_json(report.summary(result), docs.with_name("mutation-score.json"))
     _print_summary(result, out / "report.json", docs)
     rate = result["overall"]["score"]
     fail_under = getattr(args, "fail_under", None)

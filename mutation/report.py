@@ -156,7 +156,37 @@ def _last_run(selection: Mapping[str, Any], lane_seconds: Mapping[str, float]) -
     return shown
 
 
-def markdown(report: Mapping[str, Any]) -> str:
+def summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures other pages show beside requirement coverage (docs/mutation-score.json,
+    read by ``routespec.conformance.matrix --mutation``)."""
+    overall = report["overall"]
+    return {
+        "target": "reference/routespec (specified layers)",
+        "commit": report["commit"],
+        "score": overall["score"],
+        "killed": _detected(overall),
+        "judged": _judged(overall),
+        "not_checked": overall["not checked"],
+        "mutants": overall["mutants"],
+    }
+
+
+def requirement_coverage(paths: Iterable[Path]) -> dict[str, tuple[int, int]]:
+    """Per conformance report found: (requirements passed, requirements listed)."""
+    found = {}
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))["requirements"]
+        except (OSError, ValueError, KeyError):
+            continue
+        passed = sum(1 for row in rows if row.get("verdict") == "PASS")
+        found[path.stem] = (passed, len(rows))
+    return found
+
+
+def markdown(
+    report: Mapping[str, Any], coverage: Mapping[str, tuple[int, int]] | None = None
+) -> str:
     columns = ("mutants", *BUCKETS, "equivalent")
     head = "| module | " + " | ".join(columns) + " | score |"
     rule = "|" + "---|" * (len(columns) + 2)
@@ -181,6 +211,18 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"- **Score: {_percent(overall['score'])}** ({_detected(overall)} of "
         f"{_judged(overall)} checked non-equivalent mutants killed; "
         f"{overall['not checked']} of {overall['mutants']} not checked yet)",
+        *(
+            [
+                "- Beside it, requirement coverage of the same suite: "
+                + "; ".join(
+                    f"`{name}` PASS {passed} of {total} requirements"
+                    for name, (passed, total) in coverage.items()
+                )
+                + " ([matrix](matrix.md))"
+            ]
+            if coverage
+            else []
+        ),
         f"- Commit `{report['commit']}`{dirty}, {report['tool']}, written {report['written']}",
         f"- Test command: the conformance suite, adapters {', '.join(report['adapters'])} "
         "(the second runs only what the first left alive), Hypothesis profile `bounded`, "

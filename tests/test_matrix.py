@@ -217,3 +217,35 @@ def test_an_unreadable_report_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([str(broken), "--output", str(tmp_path / "matrix.md")])
     assert exit_info.value.code == 2
+
+
+def test_a_mutation_summary_is_shown_beside_the_totals(reports: list[Path], tmp_path: Path) -> None:
+    summary = tmp_path / "mutation-score.json"
+    summary.write_text(
+        json.dumps(
+            {
+                "target": "reference/routespec (specified layers)",
+                "commit": "0123456789abcdef",
+                "score": 0.934,
+                "killed": 239,
+                "judged": 256,
+                "not_checked": 10,
+                "mutants": 276,
+            }
+        ),
+        encoding="utf-8",
+    )
+    output = tmp_path / "matrix.md"
+    assert main([*map(str, reports), "--output", str(output), "--mutation", str(summary)]) == 0
+    totals = output.read_text(encoding="utf-8").split("## Totals")[1].split("## Requirements")[0]
+    assert "a mutation score of **93.4 %**" in totals
+    assert "239 of 256 checked non-equivalent mutants killed" in totals
+    assert "`0123456789ab`" in totals
+
+
+def test_an_unreadable_mutation_summary_is_a_usage_error(
+    reports: list[Path], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*map(str, reports), "--output", str(tmp_path / "m.md"), "--mutation", "nope.json"])
+    assert exit_info.value.code == 2

@@ -107,3 +107,16 @@ def test_the_stage_is_the_wheel_layout(tmp_path: Path) -> None:
     config = (staged / "pyproject.toml").read_text()
     assert '"--adapter", "reference"' in config
     assert 'do_not_mutate = ["src/routespec/discovery/etcd_store.py"]' in config
+
+
+def test_the_summary_and_the_page_show_requirement_coverage(tmp_path: Path) -> None:
+    built = _build("killed", {})
+    summary = report.summary(built)
+    assert (summary["killed"], summary["judged"], summary["score"]) == (1, 1, 1.0)
+    conformance = tmp_path / "reference.json"
+    conformance.write_text(
+        '{"requirements": [{"id": "A-001", "verdict": "PASS"}, {"id": "A-002", "verdict": "SKIP"}]}'
+    )
+    coverage = report.requirement_coverage([conformance, tmp_path / "absent.json"])
+    assert coverage == {"reference": (1, 2)}
+    assert "`reference` PASS 1 of 2 requirements" in report.markdown(built, coverage)
