@@ -344,6 +344,92 @@ def test_malformed_records_are_skipped(target: Target, value: bytes) -> None:
         )
 
 
+MAX_RECORD_BYTES = 64 * 1024  # DSC-013
+U64_MAX = 2**64 - 1
+AT_BOUND, PAST_BOUND = 0xA7, 0xBAD
+
+
+def _sized_record(size: int, instance_id: int) -> bytes:
+    """A well-formed record of ``instance_id``, padded to exactly ``size`` bytes."""
+    bare = _record(instance_id=instance_id, padding="")
+    record = _record(instance_id=instance_id, padding="x" * (size - len(bare)))
+    assert len(record) == size, f"a record of {len(record)} bytes, not {size}"
+    return record
+
+
+def _at_port(port: object, instance_id: int) -> bytes:
+    return _record(instance_id=instance_id, transport={"tcp": f"127.0.0.1:{port}/b/{ENDPOINT}"})
+
+
+# Each bound a usable record has (DSC-008, DSC-013): (requirement, id of the record at the
+# bound, the record at it, id of the record just past it, the record just past it).
+BOUNDS = {
+    "record-size": (
+        "DSC-013",
+        AT_BOUND,
+        _sized_record(MAX_RECORD_BYTES, AT_BOUND),
+        PAST_BOUND,
+        _sized_record(MAX_RECORD_BYTES + 1, PAST_BOUND),
+    ),
+    "lowest-port": (
+        "DSC-013",
+        AT_BOUND,
+        _at_port(1, AT_BOUND),
+        PAST_BOUND,
+        _at_port(0, PAST_BOUND),
+    ),
+    "highest-port": (
+        "DSC-013",
+        AT_BOUND,
+        _at_port(65535, AT_BOUND),
+        PAST_BOUND,
+        _at_port(65536, PAST_BOUND),
+    ),
+    "lowest-id": ("DSC-008", 0, _record(instance_id=0), PAST_BOUND, _record(instance_id=-1)),
+    "highest-id": (
+        "DSC-013",
+        U64_MAX,
+        _record(instance_id=U64_MAX),
+        PAST_BOUND,
+        _record(instance_id=U64_MAX + 1),
+    ),
+    "device-type-length": (
+        "DSC-013",
+        AT_BOUND,
+        _record(instance_id=AT_BOUND, device_type="d" * 64),
+        PAST_BOUND,
+        _record(instance_id=PAST_BOUND, device_type="d" * 65),
+    ),
+}
+
+
+@covers("DSC-008", "DSC-013")
+@requires(STORE)
+@pytest.mark.parametrize("bound", list(BOUNDS))
+def test_a_record_at_a_bound_is_listed_and_one_past_it_is_skipped(
+    target: Target, bound: str
+) -> None:
+    """Both sides of each bound: 64 KiB of record, ports 1 and 65535, instance ids 0 and
+    2**64 - 1, a 64-character device type are usable; one byte, one port, one id or one
+    character further is not."""
+    requirement, at_id, at_value, past_id, past_value = BOUNDS[bound]
+    store = target.open_discovery()
+    early = store.watch(ENDPOINT)
+    store.put_raw(ENDPOINT, at_id, at_value)
+    store.put_raw(ENDPOINT, past_id, past_value)
+    store.advance(store.timing().propagation)
+    late = store.watch(ENDPOINT)
+    for watcher in (early, late):
+        require_equal(
+            requirement,
+            ids(store, watcher),
+            {at_id},
+            f"{bound}: watcher {watcher} lists {sorted(map(hex, ids(store, watcher)))}; "
+            f"expected {at_id:#x}, whose record is at the bound, and not {past_id:#x}, whose "
+            "record is just past it",
+        )
+
+
 # --- DSC-009, DSC-010: outages ---
 
 
@@ -433,6 +519,23 @@ def test_an_unusable_store_is_refused_naming_its_argument(
         named,
         argument,
         f"opening {address!r} with ttl {ttl} named {named!r}; expected a refusal naming {argument}",
+    )
+
+
+@covers("DSC-011")
+@requires(STORE)
+@pytest.mark.parametrize("ttl", [0.5, 1.0])
+def test_a_positive_ttl_is_accepted(target: Target, ttl: float) -> None:
+    """The other side of the ``--ttl`` bound: any positive liveness period, under a second
+    or of one, is a store's to use."""
+    store = target.open_discovery()
+    named = store.refusal(store.address(), ttl)
+    require_compare(
+        "DSC-011",
+        named,
+        "is",
+        None,
+        f"opening {store.address()!r} with ttl {ttl} (positive) was refused naming {named!r}",
     )
 
 

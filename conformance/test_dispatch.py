@@ -505,6 +505,60 @@ def test_permits_are_released_exactly_once(target: Target, call_kind: str) -> No
     after("the end of every stream", {})
 
 
+@covers("DSP-011")
+@requires(
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_OCCUPANCY,
+    Capability.FIRST_RESPONSE_GUARD,
+)
+@pytest.mark.parametrize(
+    "call_kind",
+    [
+        pytest.param("preselected", marks=pytest.mark.requires(Capability.PRESELECTED)),
+        pytest.param("least-loaded", marks=pytest.mark.requires(Capability.LEAST_LOADED)),
+    ],
+)
+def test_a_permit_is_released_when_the_caller_leaves_before_the_stream(
+    target: Target, call_kind: str
+) -> None:
+    """The cancellation path before any stream exists: a guarded request's dispatch waits
+    for the worker's first item (TRN-018), and its caller drops it meanwhile. The dispatch
+    failed for the caller, so its permit goes at once, and only once: a witness request stays
+    open on the worker throughout, so a leak shows as a count above one and a double release
+    as a count below one."""
+    worker = target.add_worker()
+    call: Call = Preselected(worker) if call_kind == "preselected" else Generate("least-loaded")
+    target.script_worker(worker, Stall(items=1))
+    witness = target.submit(call)
+    target.script_worker(worker, Stall(items=0))
+    left = target.submit(call, guarded=True)
+    require_equal(
+        "DSP-011",
+        loads(target),
+        {worker: 2},
+        f"{call_kind}: the witness and a guarded request waiting for its first item are open "
+        f"on worker {worker}; occupancy is {loads(target)}",
+    )
+    target.drop(left)
+    require_equal(
+        "DSP-011",
+        loads(target),
+        {worker: 1},
+        f"{call_kind}: the caller dropped {left} before its stream existed; occupancy is "
+        f"{loads(target)}, expected {{{worker}: 1}} (the witness only)",
+    )
+    target.release_stalled(worker)
+    require_equal(
+        "DSP-011",
+        loads(target),
+        {},
+        f"{call_kind}: every stream ended (the dropped dispatch's first item came too); "
+        f"occupancy is {loads(target)}, expected none",
+    )
+    outcome = finished(target, witness, "DSP-011")
+    require_compare("DSP-011", outcome.error, "is", None, f"the witness ended {outcome}")
+
+
 @covers("DSP-012")
 @requires(
     Capability.PRESELECTED,

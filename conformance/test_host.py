@@ -122,6 +122,63 @@ def test_an_occupancy_policy_books_before_dispatch_and_releases_at_the_end(
     require_equal("HST-002", host.bookings(), {}, f"bookings after failures: {host.bookings()}")
 
 
+BOOKING_POLICIES = ["least-loaded", "power-of-two-choices", "device-aware-weighted", "kv"]
+
+
+@covers("HST-002", "HST-011", "MON-007")
+@requires(HOST, Capability.SCRIPT_STALL)
+@pytest.mark.parametrize("policy", BOOKING_POLICIES)
+@pytest.mark.parametrize("items", [0, 1], ids=["before-the-first-item", "mid-stream"])
+def test_a_booking_ends_when_the_caller_stops_or_drops_the_stream(
+    target: Target, policy: str, items: int
+) -> None:
+    """HST-002's aborted request, on the cancellation path: the caller's context stops, or
+    the caller drops the stream, while the worker is silent (before its first token, or after
+    one). The booking is gone as soon as the stream has ended, and it is not a finished
+    stream."""
+    (worker,) = workers(target, 1, Stall(items=items))
+    host = host_of(target, "HST-002", HostConfig(policy=policy))
+    for how in ("stopped", "dropped"):
+        started, completed = host.counters()
+        request = host.route(HostRoute(max_tokens=2))
+        require(
+            "HST-002",
+            reached(target, request) == [worker]
+            and target.outcome(request) is None
+            and host.bookings() == {worker: 1},
+            f"{policy}: a request open on worker {worker} after {items} tokens should be "
+            f"booked there; reached {reached(target, request)}, outcome "
+            f"{target.outcome(request)}, bookings {host.bookings()}",
+        )
+        if how == "stopped":
+            host.stop(request)
+        else:
+            target.drop(request)
+        outcome, _ = ended(target, request, "MON-007")
+        require(
+            "MON-007",
+            outcome.error is None and len(tokens(outcome)) == items,
+            f"{policy}: the caller {how} the stream after {items} tokens; it should end with "
+            f"those tokens and no error, got {outcome}",
+        )
+        require_equal(
+            "HST-002",
+            host.bookings(),
+            {},
+            f"{policy}: the caller {how} its stream on worker {worker} after {items} tokens; "
+            f"the booking should be released, bookings are {host.bookings()}",
+        )
+        require_equal(
+            "HST-011",
+            host.counters(),
+            (started + 1, completed),
+            f"{policy}: a stream the caller {how} after {items} tokens did not finish: counters "
+            f"went from {(started, completed)} to {host.counters()}, expected "
+            f"{(started + 1, completed)}",
+        )
+    target.release_stalled(worker)
+
+
 # --- HST-003 to HST-009: explicit workers and Direct mode ---
 
 
@@ -678,6 +735,35 @@ def lora_inflight_scenario(target: Target) -> None:
     require_equal("HST-017", host.lora_inflight(), {}, f"dropped: {host.lora_inflight()}")
 
 
+@covers("HST-017")
+@requires(HOST, Capability.SCRIPT_STALL)
+@pytest.mark.parametrize("items", [0, 1], ids=["before-the-first-item", "mid-stream"])
+def test_lora_inflight_ends_when_the_client_stops(target: Target, items: int) -> None:
+    """The end HST-017 counts to includes the caller's context stopping under an open
+    stream, before the replica's first token or after one."""
+    host, replica = lora_host(target, "HST-017", replicas=0)
+    target.script_worker(replica, Stall(items=items))
+    request = host.route(HostRoute(lora="ad", max_tokens=2))
+    require_equal(
+        "HST-017",
+        host.lora_inflight(),
+        {"ad": 1},
+        f"a request for adapter ad open on replica {replica} should count; inflight "
+        f"{host.lora_inflight()}",
+    )
+    host.stop(request)
+    outcome, _ = ended(target, request, "HST-017")
+    require_equal(
+        "HST-017",
+        host.lora_inflight(),
+        {},
+        f"the caller stopped its request on replica {replica} after {items} tokens (it ended "
+        f"{outcome}); adapter ad's inflight count should be released, it is "
+        f"{host.lora_inflight()}",
+    )
+    target.release_stalled(replica)
+
+
 @covers("HST-018")
 @requires(HOST)
 @pytest.mark.parametrize(
@@ -718,8 +804,17 @@ def test_lora_filtering_failures_are_typed(target: Target, case: str) -> None:
         HostConfig(policy="least-loaded", lora=True),
         HostConfig(policy="kv", lora=True),
         HostConfig(policy="direct", lora=True),
+        HostConfig(policy="power-of-two-choices", lora=True),
+        HostConfig(policy="device-aware-weighted", lora=True),
     ],
-    ids=["with-affinity", "least-loaded", "kv", "direct"],
+    ids=[
+        "with-affinity",
+        "least-loaded",
+        "kv",
+        "direct",
+        "power-of-two-choices",
+        "device-aware-weighted",
+    ],
 )
 def test_lora_filtering_conflicts_are_refused_at_construction(
     target: Target, config: HostConfig

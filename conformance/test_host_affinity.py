@@ -302,6 +302,36 @@ def test_a_cap_out_of_range_is_refused_at_construction(target: Target, cap: int)
 
 @covers("AFF-004")
 @requires(Capability.ROUTING_HOST)
+def test_a_cap_of_one_is_accepted_and_binds_one_session(target: Target) -> None:
+    """The lower end of the cap's range: 1 is a cap like any other (65,536, the upper end,
+    is the one every other check's host is built with)."""
+    workers(target, 2, Serve())
+    built = target.open_host(hard(max_entries=1))
+    require(
+        "AFF-004",
+        not isinstance(built, ObservedError),
+        f"a cap of 1 is inside 1 to 65,536, yet the host was refused: {built}",
+    )
+    assert not isinstance(built, ObservedError)
+    host = built
+    worker = served(target, host.route(HostRoute(session="a")), "AFF-004", "session a")[0]
+    bound_to(host, "a", worker, "AFF-004", "the first session under a cap of 1")
+    outcome = refused(
+        target, host.route(HostRoute(session="b")), "AFF-004", "session b beyond a cap of 1"
+    )
+    require(
+        "AFF-004",
+        shows(outcome.error, ["ResourceExhausted"]),
+        f"with session a bound and a cap of 1, new session b should fail with "
+        f"ResourceExhausted, got {outcome.error}",
+    )
+    unbound(host, "b", "AFF-004", "the refused session b")
+    went = served(target, host.route(HostRoute(session="a")), "AFF-004", "session a again")
+    require_equal("AFF-004", went, [worker], f"session a is bound to {worker}, went to {went}")
+
+
+@covers("AFF-004")
+@requires(Capability.ROUTING_HOST)
 @pytest.mark.parametrize(
     ("session", "size"),
     [("a" * 257, 257), ("é" * 129, 258), ("a" * 255 + "é", 257)],

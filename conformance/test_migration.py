@@ -19,8 +19,10 @@ from routespec.testing.target import (
     FailMidStream,
     Migrate,
     Outcome,
+    Preselected,
     Reject,
     Serve,
+    Stall,
     Target,
     WorkerScript,
 )
@@ -368,6 +370,61 @@ def test_bookings_return_to_zero_after_migration(target: Target) -> None:
             f"after a request with limit {limit}: bookings {loads(target)}, "
             f"inflight {target.transport_inflight()}",
         )
+
+
+@covers("MIG-014")
+@requires(
+    Capability.MIGRATION,
+    Capability.SCRIPT_FAILURES,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_OCCUPANCY,
+    Capability.OBSERVE_INFLIGHT,
+    Capability.LEAST_LOADED,
+    Capability.PRESELECTED,
+)
+@pytest.mark.parametrize("attempt", ["first", "replacement"])
+def test_a_dropped_migrating_request_releases_its_bookings(target: Target, attempt: str) -> None:
+    """The cancellation path of MIG-014: the caller drops the request while an attempt's
+    stream is open, the first one or the replacement after a migration. A witness request
+    stays open on the spare worker throughout (so least-loaded sends the request to the other
+    worker first); a leak shows as a count above the witness's, a double release below it."""
+    first_script: WorkerScript = Stall(items=1)
+    if attempt == "replacement":
+        first_script = FailMidStream(1, ErrorSpec("Disconnected"))
+    first, spare = cluster(target, first_script, Stall(items=1))
+    witness = target.submit(Preselected(spare))
+    request = target.submit(Migrate(mode="least-loaded", limit=1))
+    path = [first] if attempt == "first" else [first, spare]
+    open_loads = {first: 1, spare: 1} if attempt == "first" else {spare: 2}
+    require(
+        "MIG-014",
+        deliveries(target, request) == path
+        and target.outcome(request) is None
+        and loads(target) == open_loads
+        and target.transport_inflight() == 2,
+        f"the request should be open on its {attempt} attempt after {path}, booked with the "
+        f"witness as {open_loads}, two dispatches in flight; reached "
+        f"{deliveries(target, request)}, outcome {target.outcome(request)}, bookings "
+        f"{loads(target)}, inflight {target.transport_inflight()}",
+    )
+    target.drop(request)
+    finished(target, request, "MIG-014")
+    require(
+        "MIG-014",
+        loads(target) == {spare: 1} and target.transport_inflight() == 1,
+        f"the caller dropped the request during its {attempt} attempt (on "
+        f"{deliveries(target, request)[-1]}); only the witness on {spare} should stay booked "
+        f"and in flight: bookings {loads(target)} (expected {{{spare}: 1}}), inflight "
+        f"{target.transport_inflight()} (expected 1)",
+    )
+    target.release_stalled(spare)
+    target.release_stalled(first)
+    finished(target, witness, "MIG-014")
+    require(
+        "MIG-014",
+        not loads(target) and target.transport_inflight() == 0,
+        f"every stream ended: bookings {loads(target)}, inflight {target.transport_inflight()}",
+    )
 
 
 # --- MIG-015 ---

@@ -583,6 +583,49 @@ def test_the_guard_is_held_until_the_first_item(target: Target) -> None:
         )
 
 
+@covers("TRN-015", "TRN-018")
+@requires(
+    Capability.DIRECT,
+    Capability.FIRST_RESPONSE_GUARD,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_INFLIGHT,
+)
+def test_a_guarded_request_dropped_before_its_first_item_leaves_nothing_in_flight(
+    target: Target,
+) -> None:
+    """The cancellation path before the stream's first item, for a dispatch that outlives
+    its caller (TRN-018): once the worker's first item comes, the guard is released and the
+    dispatch nobody reads any more is no longer counted in flight."""
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=0, items_after=2))
+    request = target.submit(Direct(worker), guarded=True)
+    target.drop(request)
+    require(
+        "TRN-018",
+        target.held_guards() == 1 and target.transport_inflight() == 1,
+        f"the caller dropped its guarded request to worker {worker} before the first item: "
+        f"the dispatch should go on, guarded and in flight; guards {target.held_guards()}, "
+        f"inflight {target.transport_inflight()}",
+    )
+    target.release_stalled(worker)
+    require_equal(
+        "TRN-018",
+        target.held_guards(),
+        0,
+        f"worker {worker}'s first item came; the dropped request's guard should be released",
+    )
+    require_equal(
+        "TRN-015",
+        target.transport_inflight(),
+        0,
+        f"worker {worker}'s first item came for a request its caller had dropped; the "
+        "dispatch nobody reads is still counted in flight",
+    )
+    outcome = finished(target, request, "TRN-018")
+    require("TRN-018", outcome.dropped and not outcome.items, f"dropped request: {outcome}")
+    serves_again(target, worker, "TRN-015")
+
+
 @covers("TRN-019")
 @requires(Capability.DIRECT, Capability.FIRST_RESPONSE_GUARD, Capability.SCRIPT_STALL)
 def test_retained_dispatches_are_bounded(target: Target) -> None:
