@@ -189,6 +189,7 @@ class ReferenceHost:
             plan.request = attrs.evolve(
                 plan.request, request=attrs.evolve(planned, request_id=request.request_id)
             )
+            self._contexts[request.request_id] = plan.request.context  # for ``stop``
             if stop_first:
                 plan.request.context.stop()
             return await self.host.dispatch_plan(plan)

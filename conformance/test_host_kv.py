@@ -420,6 +420,38 @@ def test_a_dispatched_plan_hands_its_booking_to_the_request(
     )
 
 
+@covers("KVS-007")
+@requires(HOST, Capability.SCRIPT_STALL)
+@pytest.mark.parametrize("how", ["stopped", "dropped"])
+@pytest.mark.parametrize("items", [0, 1], ids=["before-the-first-item", "mid-stream"])
+def test_a_dispatched_plan_the_caller_leaves_releases_its_booking(
+    target: Target, how: str, items: int
+) -> None:
+    """KVS-007's handed-over booking on the cancellation path: the caller's context stops,
+    or it drops the stream, while the worker is silent."""
+    pool = workers(target, 2, Stall(items=items))
+    host = host_of(target, "KVS-007", KV)
+    plan = planned(host.plan(planned(host.preview(route([1, 2])), "KVS-007").plan_id), "KVS-007")
+    request = host.dispatch_plan(plan.plan_id)
+    if booked(host) != {plan.worker_id: 1} or target.outcome(request) is not None:
+        pytest.fail(f"setup: the dispatched plan should be open and booked: {booked(host)}")
+    if how == "stopped":
+        host.stop(request)
+    else:
+        target.drop(request)
+    outcome, _ = ended(target, request, "KVS-007")
+    require_equal(
+        "KVS-007",
+        booked(host),
+        {},
+        f"the caller {how} the dispatched plan's stream on worker {plan.worker_id} after "
+        f"{items} items (it ended {outcome}); the booking it was handed should be released, "
+        f"bookings are {booked(host)}",
+    )
+    for worker in pool:
+        target.release_stalled(worker)
+
+
 @covers("KVS-008")
 @requires(HOST)
 def test_aborting_a_plan_releases_what_it_holds(target: Target) -> None:
