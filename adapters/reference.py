@@ -141,6 +141,7 @@ class Cluster(Protocol):
     def announce_removal(self, worker_id: int, removed: bool) -> None: ...
     def worker_bytes(self, worker_id: int) -> int: ...
     async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
+    def worker_path(self, worker_id: int) -> str: ...
     async def black_hole(self) -> str:
         """An address whose connections never complete (Capability.SCRIPT_SILENCE)."""
         ...
@@ -189,6 +190,9 @@ class InProcessCluster:
 
     async def send_raw(self, worker_id: int | None, data: bytes) -> None:
         raise NotImplementedError("in-process workers have no ports")
+
+    def worker_path(self, worker_id: int) -> str:
+        raise NotImplementedError("in-process workers have no request plane")
 
     async def black_hole(self) -> str:
         raise NotImplementedError("in-process workers are not connected to")
@@ -589,6 +593,9 @@ class ReferenceTarget:
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         self._portal.call(lambda: self._cluster.send_raw(worker_id, data))
 
+    def worker_path(self, worker_id: int) -> str:
+        return self._cluster.worker_path(worker_id)
+
     # raw connections held open to a worker
 
     def open_file_limit(self, worker_id: int) -> int:
@@ -635,6 +642,7 @@ WIRE_ONLY = frozenset(
         Capability.KILL_WORKER_PROCESS,
         Capability.OBSERVE_WORKER_BYTES,
         Capability.WIRE_TRANSPORT,
+        Capability.RESPONSE_REUSE,
         Capability.WORKER_LIMITS,
     }
 )

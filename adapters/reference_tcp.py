@@ -267,6 +267,9 @@ class TcpCluster:
             with contextlib.suppress(trio.BrokenResourceError):
                 await stream.send_all(data)
 
+    def worker_path(self, worker_id: int) -> str:
+        return f"{ENDPOINT}/{worker_id:x}"
+
     async def black_hole(self) -> str:
         if self._black_hole is None:
             self._black_hole = await self._portal.nursery.start(serve_black_hole)

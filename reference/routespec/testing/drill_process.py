@@ -32,6 +32,7 @@ from routespec.testing.target import Serve, Stall, WorkerScript
 from routespec.transport.connection import LOOPBACK
 from routespec.transport.control import ControlMessage
 from routespec.transport.frames import WireProtocolError
+from routespec.transport.response_pool import ResponsePool
 
 Report = dict[str, object]
 
@@ -121,8 +122,9 @@ class ReportingServer(DrillWorkerServer):
         handler: WorkerHandler,
         request: Request,
         failure: WireProtocolError | None,
+        pool: ResponsePool | None = None,
     ) -> None:
-        await super()._respond(control, handler, request, failure)
+        await super()._respond(control, handler, request, failure, pool)
         report(ended=request.request_id)
 
 

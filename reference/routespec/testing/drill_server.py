@@ -23,6 +23,7 @@ from routespec.transport.connection import (
 from routespec.transport.control import ControlMessage, parse_control
 from routespec.transport.frame_writer import FrameWriter
 from routespec.transport.frames import TwoPart, WireProtocolError, decode_two_part
+from routespec.transport.response_pool import ResponsePool
 from routespec.transport.worker_server import (
     PROLOGUE_OK,
     WorkerServer,
@@ -42,7 +43,9 @@ def silent_at(handler: WorkerHandler | None, stage: SilentStage) -> ScriptedWork
 
 
 class DrillWorkerServer(WorkerServer):
-    async def _accept(self, connection: FramedConnection, path: str, payload: bytes) -> None:
+    async def _accept(
+        self, connection: FramedConnection, path: str, payload: bytes, reuse: bool = False
+    ) -> None:
         worker = silent_at(self._handlers.get(path), SilentStage.ACK)
         if worker is not None:
             try:
@@ -52,7 +55,7 @@ class DrillWorkerServer(WorkerServer):
             if control is not None:
                 worker.arrived(Request(control.request_id, None, control.metadata))
                 await worker.silence(control.request_id)  # read, not answered
-        await super()._accept(connection, path, payload)
+        await super()._accept(connection, path, payload, reuse)
 
     async def _respond(
         self,
@@ -60,6 +63,7 @@ class DrillWorkerServer(WorkerServer):
         handler: WorkerHandler,
         request: Request,
         failure: WireProtocolError | None,
+        pool: ResponsePool | None = None,
     ) -> None:
         script = handler.script if isinstance(handler, ScriptedWorker) else None
         if isinstance(script, Misbehave) and script.fault is WireFault.NO_CALL_HOME:
@@ -70,7 +74,7 @@ class DrillWorkerServer(WorkerServer):
         if worker is not None and control.request_stream is None and failure is None:
             await self._handshake_then_silence(control, worker, request)
             return
-        await super()._respond(control, handler, request, failure)
+        await super()._respond(control, handler, request, failure, pool)
 
     async def _handshake_then_silence(
         self, control: ControlMessage, worker: ScriptedWorker, request: Request

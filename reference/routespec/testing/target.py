@@ -67,6 +67,9 @@ class Capability(enum.Enum):
     REPORT_LOAD = "cluster:report-load"
     """Workers' load reports reach the router's load monitor (``Target.report_load``), under
     the busy thresholds of ``TargetConfig.load_thresholds`` (spec: SET-005)."""
+    RESPONSE_REUSE = "transport:response-reuse"
+    """Raw requests to a worker's served path (``Target.worker_path``), for the checks of
+    the reference's response-connection reuse (spec: TRN-028, TRN-029)."""
     CHECK_LOAD_THRESHOLDS = "config:check-load-thresholds"
     """Construction-time validation of busy thresholds (``Target.check_load_thresholds``,
     spec: SET-006)."""
@@ -751,6 +754,11 @@ class Target(Protocol):
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         """Open a connection to the worker's request-plane port (or, for None, the router's
         response-stream port), write ``data``, close it (Capability.WIRE_TRANSPORT)."""
+        ...
+
+    def worker_path(self, worker_id: int) -> str:
+        """The endpoint path the worker serves on its request plane, as a raw request names
+        it (Capability.RESPONSE_REUSE)."""
         ...
 
     # raw connections held open to a worker (Capability.WORKER_LIMITS)

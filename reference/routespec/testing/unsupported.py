@@ -81,6 +81,9 @@ class Unsupported:
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         _lacks(Capability.WIRE_TRANSPORT)
 
+    def worker_path(self, worker_id: int) -> str:
+        _lacks(Capability.RESPONSE_REUSE)
+
     def add_bounded_worker(self, bounds: WorkerBounds) -> int:
         _lacks(Capability.WORKER_LIMITS)
 

@@ -137,6 +137,8 @@ class FramedConnection:
         self._idle_timeout = idle_timeout
         self.closed = trio.Event()
         self.on_close: Callable[[FramedConnection], None] | None = None  # called once
+        self.reuse_offered = False  # a response stream's: the worker may take another here
+        self.released = False  # the caller sent ``reuse`` after the stream (TRN-028)
 
     @functools.cached_property
     def peer(self) -> IPAddress | None:
@@ -184,6 +186,11 @@ class FramedConnection:
         self._closing()
         self.stream.socket.close()
         return True
+
+    @property
+    def buffered(self) -> bool:
+        """Bytes were received that no read has returned yet."""
+        return bool(self._buffer)
 
     def frame_buffered(self) -> bool:
         """Whether a whole two-part frame is buffered, so that reading it cannot wait."""

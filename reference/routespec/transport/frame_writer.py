@@ -29,6 +29,7 @@ class FrameWriter:
         self._room = trio.Event()
         self._closed = False
         self._then_cancel: trio.CancelScope | None = None  # the watcher's, once all is sent
+        self.flushed = False  # every frame written was sent, and the block has ended
 
     @classmethod
     @asynccontextmanager
@@ -72,6 +73,7 @@ class FrameWriter:
         while True:
             if not self._pending:
                 if self._closed:
+                    self.flushed = True
                     if self._then_cancel is not None:
                         self._then_cancel.cancel()
                     return

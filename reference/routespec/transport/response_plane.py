@@ -1,25 +1,31 @@
 """The caller's response-stream server: workers dial in and are matched to registrations.
 
 A registration is made before the request is written (TRN-001, TRN-014). A worker's connection
-names its registration in the handshake frame; an unknown or late subject is closed.
+names its registration in the handshake frame; an unknown or late subject is closed. A
+connection whose handshake offered reuse, read to its stream's sentinel, is released back to
+its worker (TRN-028) and waits here for that worker's next handshake, for as long as the
+worker keeps it open.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 
 import trio
 
 from routespec.errors import ErrorKind, RoutingError
-from routespec.transport.codecs import decode_json
-from routespec.transport.connection import FramedConnection
-from routespec.transport.frames import MAX_CONTROL_BYTES, WireProtocolError
+from routespec.transport.codecs import decode_json, encode_json
+from routespec.transport.connection import CONNECTION_ERRORS, FramedConnection
+from routespec.transport.frames import MAX_CONTROL_BYTES, TwoPart, WireProtocolError
+from routespec.transport.response_pool import REUSE
 
 HANDSHAKE_TIMEOUT = 10.0
 ACCEPT_RETRY = 0.1
 # accept() errors that mean "out of resources", on which trio.serve_listeners waits too
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 NOT_ESTABLISHED = "Worker disconnected before response stream was established"
+REUSE_FRAME = TwoPart(header=encode_json(REUSE)).encode()
 
 
 class PendingStream:
@@ -67,6 +73,7 @@ class ResponsePlane:
         self.address = ""
         self._pending: dict[str, PendingStream] = {}
         self._handed: set[FramedConnection] = set()  # streams handed over and still open
+        self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
@@ -74,6 +81,7 @@ class ResponsePlane:
         task_status.started()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 for listener in listeners:
                     nursery.start_soon(self._serve, listener, nursery)
         finally:
@@ -94,7 +102,7 @@ class ResponsePlane:
                 if stream is None:
                     await trio.sleep(ACCEPT_RETRY)  # out of descriptors: wait for some
                 else:
-                    nursery.start_soon(self._accept, stream)
+                    nursery.start_soon(self._accept, FramedConnection(stream))
 
     def register(self, subject: str, instance_id: int, address: str) -> PendingStream:
         pending = PendingStream(self, subject, instance_id, address)
@@ -113,21 +121,36 @@ class ResponsePlane:
                 self.forget(pending)
                 pending.fail(failure)
 
-    async def _accept(self, stream: trio.SocketStream) -> None:
-        """Match a dialled-in stream to its registration by the handshake; the stream is then
-        the registration's (its reader closes it), or closed here."""
-        connection = FramedConnection(stream)
+    def release(self, connection: FramedConnection) -> bool:
+        """Give a connection read to its sentinel back to the worker that offered it for
+        reuse, and wait for its next stream there (TRN-028); False if it cannot be."""
+        if self._nursery is None or connection.buffered or connection.closed.is_set():
+            return False
+        self._handed.discard(connection)
+        connection.on_close = None
+        connection.reuse_offered = False
+        self._nursery.start_soon(self._accept, connection, True)
+        return True
+
+    async def _accept(self, connection: FramedConnection, released: bool = False) -> None:
+        """Match a dialled-in (or released) connection to its registration by the
+        handshake; it is then the registration's (its reader closes it), or closed here. A
+        released connection first tells the worker so, then waits without a deadline: only
+        the worker gives it up."""
         handed = False
         try:
             pending = None
-            with trio.move_on_after(HANDSHAKE_TIMEOUT):
+            with trio.move_on_after(math.inf if released else HANDSHAKE_TIMEOUT):
                 try:
+                    if released:
+                        await connection.send(REUSE_FRAME)
                     frame = await connection.read_two_part(MAX_CONTROL_BYTES)
                     handshake = decode_json(frame.header, "handshake") if frame else None
-                except (WireProtocolError, trio.BrokenResourceError, OSError):
+                except (WireProtocolError, *CONNECTION_ERRORS):
                     handshake = None
                 if isinstance(handshake, dict):
                     pending = self._pending.pop(str(handshake.get("subject")), None)
+                    connection.reuse_offered = handshake.get("reuse") is True
             handed = pending is not None and pending.connect(connection)
             if handed:
                 self._handed.add(connection)

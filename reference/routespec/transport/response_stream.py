@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import trio
 
@@ -29,8 +30,10 @@ class TcpResponseStream:
         codec: PayloadCodec,
         slot: InflightSlot,
         request_pump: trio.CancelScope | None = None,
+        release: Callable[[FramedConnection], bool] | None = None,
     ):
         self._connection = connection
+        self._release = release  # gives a connection read to its sentinel back (TRN-028)
         self._codec = codec
         self._slot = slot
         self._request_pump = request_pump  # a bidirectional request's sender, ended with us
@@ -91,15 +94,26 @@ class TcpResponseStream:
         return _annotated(data)
 
     async def _after_final(self, frame: TwoPart | None) -> Annotated | None:
-        if frame is None or frame.header == SENTINEL:
+        if frame is None:
             return await self._end()
+        if frame.header == SENTINEL:
+            return await self._end(reusable=True)
         return await self._end(RoutingError(None, AFTER_FINAL))  # TRN-009
 
-    async def _end(self, error: RoutingError | None = None) -> Annotated | None:
+    async def _end(
+        self, error: RoutingError | None = None, *, reusable: bool = False
+    ) -> Annotated | None:
         self._done = True
         self._slot.close()
         if self._request_pump is not None:
             self._request_pump.cancel()
+        if (
+            reusable
+            and self._release is not None
+            and self._connection.reuse_offered
+            and self._release(self._connection)
+        ):
+            return None
         if not self._connection.close_now():  # a socket closes without a checkpoint
             with trio.CancelScope(shield=True):
                 await self._connection.aclose()

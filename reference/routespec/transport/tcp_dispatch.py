@@ -48,6 +48,7 @@ from routespec.transport.frames import (
 )
 from routespec.transport.request_plane import RequestPlane
 from routespec.transport.response_plane import NOT_ESTABLISHED, PendingStream, ResponsePlane
+from routespec.transport.response_pool import REUSE_HEADER
 from routespec.transport.response_stream import TcpResponseStream
 from routespec.transport.wire_errors import decode_error
 
@@ -165,7 +166,8 @@ class TcpDispatch:
             with trio.move_on_after(deadlines.establish_timeout):  # TMO-003
                 connection = await registrations[0].wait()  # TRN-003: any other ACK accepts
                 await _read_prologue(connection)
-                established = TcpResponseStream(connection, codec, slot, pump)
+                release = self._response_plane.release if connection.reuse_offered else None
+                established = TcpResponseStream(connection, codec, slot, pump, release)
             if established is None:
                 raise establish_timed_out(deadlines.establish_timeout)
             return DeadlineStream(established, deadlines)  # TMO-004, TMO-005
@@ -210,10 +212,11 @@ class TcpDispatch:
 
     @staticmethod
     def _headers(path: str, request: Request) -> bytes:
-        # What encode_json gives for the map of these three strings, without building it.
+        # What encode_json gives for the map of these strings, without building it; the
+        # last offers the response connection for reuse (TRN-028, TRN-029; Dynamo ignores it).
         return (
             f'{{"x-endpoint-path":{_json(path)},"x-frontend-send-ts-ns":"{time.time_ns()}"'
-            f',"request-id":{_json(request.request_id)}}}'
+            f',"request-id":{_json(request.request_id)},{REUSE_HEADER.decode()}}}'
         ).encode()
 
 

@@ -68,6 +68,7 @@ from routespec.transport.frames import (
     decode_two_part,
     encode_ack,
 )
+from routespec.transport.response_pool import REUSE, REUSE_HEADER, ResponsePool
 from routespec.transport.wire_errors import encode_error
 
 SENTINEL_FRAME = TwoPart(header=SENTINEL).encode()
@@ -83,6 +84,7 @@ FD_SHARE = 4  # below 4 * 1024 open files, the cap is a quarter of the process's
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 RESOLVE_TIMEOUT = 5.0  # for a stream address that names a host rather than an IP address
+RELEASE_WAIT = 1.0  # after a sentinel, how long the caller may take to send ``reuse``
 
 LOG = logging.getLogger("routespec.worker")
 TaskBody = Callable[..., Awaitable[None]]
@@ -159,6 +161,7 @@ class WorkerServer:
         self._cap_reported = False
         self._vetted_addresses: dict[tuple[str, IPAddress | None], str] = {}
         self._vetted_under = self.limits
+        self.response_pool = ResponsePool()  # connections callers released (TRN-028, TRN-029)
 
     def serve(self, path: str, handler: WorkerHandler) -> str:
         """Serve ``handler`` at ``path``; returns the transport address discovery records.
@@ -194,10 +197,13 @@ class WorkerServer:
         with self._scope:
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             self.port = listeners[0].socket.getsockname()[1]
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started(self.port)
-                await trio.serve_listeners(self._serve_connection, listeners)
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    task_status.started(self.port)
+                    await trio.serve_listeners(self._serve_connection, listeners)
+            finally:
+                self.response_pool.close_all()
 
     # one request-plane connection
 
@@ -241,11 +247,14 @@ class WorkerServer:
                     return
                 size = 8 + len(message.path.encode()) + len(message.headers) + len(message.payload)
                 self.bytes_received[message.path if message.path in self._handlers else ""] += size
-                await self._accept(connection, message.path, message.payload)
+                reuse = REUSE_HEADER in message.headers  # the caller offers reuse (TRN-028)
+                await self._accept(connection, message.path, message.payload, reuse)
         except (WireProtocolError, ConnectionIdle, *CONNECTION_ERRORS):
             return  # a broken, silent or vanished peer loses only its own connection (TRN-012)
 
-    async def _accept(self, connection: FramedConnection, path: str, payload: bytes) -> None:
+    async def _accept(
+        self, connection: FramedConnection, path: str, payload: bytes, reuse: bool = False
+    ) -> None:
         """Check the request, ACK it, and start its response (TRN-022: a request the worker
         cannot use is refused here, or in its prologue, naming the field at fault)."""
         peer = connection.peer  # found once per connection
@@ -298,7 +307,8 @@ class WorkerServer:
             rejection = Rejection(RejectionKind.UNAVAILABLE, SHUTTING_DOWN)
         await connection.send(encode_ack("" if rejection is None else rejection.ack_text()))
         if rejection is None:
-            self._start(peer, self._respond, control, handler, request, failure)
+            pool = self.response_pool if reuse and control.request_stream is None else None
+            self._start(peer, self._respond, control, handler, request, failure, pool)
 
     async def _refuse(self, connection: FramedConnection, error: WireProtocolError) -> None:
         """Refuse at the ACK, naming the field, when no usable response address exists."""
@@ -356,15 +366,16 @@ class WorkerServer:
         handler: WorkerHandler,
         request: Request,
         failure: WireProtocolError | None,
+        pool: ResponsePool | None = None,
     ) -> None:
         try:
             if control.request_stream is not None:
                 async with _dial(control.request_stream, "request", b"", self.budget) as inputs:
                     inputs_stream = RequestStream(_read_inputs(inputs, control.payload_codec))
                     request = attrs.evolve(request, payload=inputs_stream)
-                    await self._respond_with(control, handler, request, failure)
+                    await self._respond_with(control, handler, request, failure, None)
             else:
-                await self._respond_with(control, handler, request, failure)
+                await self._respond_with(control, handler, request, failure, pool)
         except* (OSError, *CONNECTION_ERRORS):
             pass  # the caller went away; nothing is left to tell it
 
@@ -374,6 +385,7 @@ class WorkerServer:
         handler: WorkerHandler,
         request: Request,
         failure: WireProtocolError | None,
+        pool: ResponsePool | None,
     ) -> None:
         try:
             if failure is not None:
@@ -385,9 +397,11 @@ class WorkerServer:
         try:
             # Handshake and prologue go out with the first frames: one send, not two.
             async with _dial(
-                control.response, "response", PROLOGUE_OK, self.budget, hold=True
+                control.response, "response", PROLOGUE_OK, self.budget, hold=True, pool=pool
             ) as output:
-                await self.send_items(output, control.payload_codec, items, watch=True)
+                ended = await self.send_items(output, control.payload_codec, items, watch=True)
+                if ended and pool is not None:
+                    await _await_release(output)
         finally:
             with trio.CancelScope(shield=True):
                 await items.aclose()
@@ -399,10 +413,10 @@ class WorkerServer:
         items: AsyncGenerator[object, None],
         *,
         watch: bool = False,
-    ) -> None:
+    ) -> bool:
         """Data frames, an error item if the handler fails or a drain cuts the stream, then
-        final frame and sentinel. With ``watch``, a ``stop``/``kill`` from the caller, or
-        the caller going away, ends the stream at once."""
+        final frame and sentinel (True once they are sent). With ``watch``, a ``stop`` or
+        ``kill`` from the caller, or the caller going away, ends the stream at once."""
         drained = trio.CancelScope()  # cancelled by ``drain`` after its grace period
         self._open_streams.add(drained)
         try:
@@ -411,7 +425,7 @@ class WorkerServer:
                     try:
                         async for item in items:
                             if not await self.send_item(out, codec, item):
-                                return  # the stream ends here, without a final frame
+                                return False  # the stream ends here, without a final frame
                     except RoutingError as error:
                         await out.write(data_frame(codec, error_annotated(error)))
                     except Exception as error:  # TRN-023: the handler's fault ends its stream
@@ -421,6 +435,7 @@ class WorkerServer:
                     cut = RoutingError(BackendKind.ENGINE_SHUTDOWN, STREAM_CUT_AT_SHUTDOWN)
                     await out.write(data_frame(codec, error_annotated(cut)))
                 await out.write(final_frame(codec) + SENTINEL_FRAME)
+            return out.flushed  # False when a stop, a kill or a close cut it short
         finally:  # after the writer has flushed: a drain waits for the frames to leave
             self._open_streams.discard(drained)
             self._streams_changed.set()
@@ -477,23 +492,35 @@ async def _dial(
     budget: ByteBudget | None = None,
     *,
     hold: bool = False,
+    pool: ResponsePool | None = None,
 ) -> AsyncIterator[FramedConnection]:
-    """Dial the caller's stream server, introduce the stream by its subject and send
-    ``then`` (the prologue) in the same write; with ``hold``, in the first write of the
-    stream (``FramedConnection.hold``)."""
-    stream = await open_stream(address.address)
-    async with stream:
-        connection = FramedConnection(stream, budget=budget)
-        try:
-            handshake = {"subject": address.subject, "stream_type": stream_type}
-            introduction = TwoPart(header=encode_json(handshake)).encode() + then
-            if hold:
-                connection.hold(introduction)
-            else:
-                await connection.send(introduction)
-            yield connection
-        finally:
-            connection.release()
+    """Dial the caller's stream server (or, with ``pool``, take a connection it released
+    there), introduce the stream by its subject and send ``then`` (the prologue) in the same
+    write; with ``hold``, in the first write of the stream (``FramedConnection.hold``). With
+    ``pool``, the handshake offers the connection for reuse, and it goes back to the pool if
+    the caller released it (TRN-028)."""
+    connection = None if pool is None else pool.take(address.address)
+    if connection is None:
+        connection = FramedConnection(await open_stream(address.address), budget=budget)
+    kept = False
+    try:
+        handshake: dict[str, object] = {"subject": address.subject, "stream_type": stream_type}
+        if pool is not None:
+            handshake["reuse"] = True
+        introduction = TwoPart(header=encode_json(handshake)).encode() + then
+        if hold:
+            connection.hold(introduction)
+        else:
+            await connection.send(introduction)
+        yield connection
+        kept = connection.released
+    finally:
+        connection.release()
+        if kept and pool is not None:
+            pool.put(address.address, connection)
+        elif not connection.close_now():
+            with trio.CancelScope(shield=True):
+                await connection.aclose()
 
 
 async def _read_inputs(
@@ -518,11 +545,34 @@ async def _read_inputs(
         yield wrapper.get("data")
 
 
+async def _await_release(connection: FramedConnection) -> None:
+    """After the sentinel, the caller's ``reuse``, if it comes soon (TRN-028): then, and only
+    then, the connection is marked released (nothing follows it until the next stream)."""
+    if connection.released:  # the stream's watcher read it
+        return
+    with trio.move_on_after(RELEASE_WAIT):
+        try:
+            frame = await connection.read_two_part(MAX_CONTROL_BYTES)
+            connection.released = (
+                frame is not None
+                and not frame.body
+                and decode_json(frame.header, "control") == REUSE
+                and not connection.buffered
+            )
+        except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
+            pass
+
+
 async def _watch_control(connection: FramedConnection, stream_scope: trio.CancelScope) -> None:
-    """End the stream when the caller sends ``stop``/``kill`` or goes away."""
+    """End the stream when the caller sends ``stop``/``kill`` or goes away; a ``reuse``
+    (sent only after the sentinel, which ended the stream) ends the watch alone."""
     try:
         while (frame := await connection.read_two_part(MAX_CONTROL_BYTES)) is not None:
-            if frame.header and decode_json(frame.header, "control") in (STOP, KILL):
+            word = decode_json(frame.header, "control") if frame.header else None
+            if word == REUSE and not frame.body and not connection.buffered:
+                connection.released = True
+                return
+            if word in (STOP, KILL):
                 break
     except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
         pass
