@@ -67,6 +67,9 @@ class Capability(enum.Enum):
     REPORT_LOAD = "cluster:report-load"
     """Workers' load reports reach the router's load monitor (``Target.report_load``), under
     the busy thresholds of ``TargetConfig.load_thresholds`` (spec: SET-005)."""
+    KV_INDEX_BOUND = "host:kv-index-bound"
+    """The KV host's index keeps a count of blocks per worker, ``HostConfig.kv_index_blocks``
+    (spec: KVS-017)."""
     RESPONSE_REUSE = "transport:response-reuse"
     """Raw requests to a worker's served path (``Target.worker_path``), for the checks of
     the reference's response-connection reuse (spec: TRN-028, TRN-029)."""
