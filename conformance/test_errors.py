@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -238,6 +239,43 @@ def test_reasons_are_short_machine_readable_and_defaulted(adapter: Adapter) -> N
             )
 
         check()
+
+
+@covers("ERR-004")
+@requires(Capability.ERROR_MODEL)
+@pytest.mark.parametrize(
+    ("label", "reason", "allowed"),
+    [
+        ("Disconnected", "a" * 128, True),
+        ("Disconnected", "a" * 129, False),
+        ("Disconnected", "x", True),
+        ("Disconnected", "", False),
+        ("Disconnected", "Not.lower", False),
+        ("Backend(EngineShutdown)", "has space", False),
+        (None, "transport.disconnected", False),  # an untyped error has no reason of its own
+    ],
+    ids=["128-chars", "129-chars", "1-char", "empty", "upper-case", "space", "untyped"],
+)
+def test_an_explicit_reason_is_kept_only_if_it_is_one(
+    target: Target, label: str | None, reason: str, allowed: bool
+) -> None:
+    """Both sides of ERR-004's bounds for a reason given explicitly: kept as given when it is
+    1..128 characters of [a-z0-9._-] on a typed error, refused (``ValueError``) otherwise."""
+    spec = ErrorSpec(label, "boom", reason=reason)
+    try:
+        observed: object = target.classify(spec)[1]
+    except ValueError as refusal:
+        observed = refusal
+    shown = f"{label or 'an untyped error'} with reason {reason[:20]!r} ({len(reason)} chars)"
+    if allowed:
+        require_equal("ERR-004", observed, reason, f"{shown} should keep its reason")
+    else:
+        require(
+            "ERR-004",
+            isinstance(observed, ValueError),
+            f"{shown} breaks ERR-004 and should be refused, but it was built with reason "
+            f"{observed!r}",
+        )
 
 
 # --- ERR-005 ---

@@ -416,6 +416,43 @@ def test_a_ratio_below_one_is_refused(open_target: OpenTarget, ratio: int) -> No
     )
 
 
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.REPORT_DOWN,
+    Capability.MOCK_CLOCK,
+)
+def test_device_aware_weighs_the_loads_of_the_free_set_as_it_changes(target: Target) -> None:
+    """The group loads follow a loaded worker out of the free set and back: with the default
+    ratio 8, CPU worker ``cpu`` gets work while 0 < non-CPU load x 1 / (8 x non-CPU count)."""
+    cpu = target.add_worker(device="cpu")
+    gpu_a, gpu_b = target.add_worker(), target.add_worker()
+    book(target, gpu_a, 4)
+    book(target, gpu_b, 12)
+    target.script_worker(cpu, Serve())  # ends at once: the CPU group's load stays 0
+    steps = [
+        ("all free: 16 // (8 x 2) = 1 > 0", None),
+        (f"{gpu_a} inhibited: 12 // (8 x 1) = 1 > 0", "down"),
+        (f"{gpu_a} back: 16 // (8 x 2) = 1 > 0", "back"),
+    ]
+    for why, event in steps:
+        if event == "down":
+            target.report_down(gpu_a)
+        elif event == "back":
+            target.advance_time(5.0)  # FLT's default inhibition
+        picked = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
+        require(
+            "SEL-010",
+            picked == cpu,
+            f"non-CPU workers {gpu_a} (4 open requests) and {gpu_b} (12), CPU worker {cpu} "
+            f"idle; {why}, so the CPU worker should be chosen, not {picked}",
+        )
+    release_all(target, [gpu_a, gpu_b])
+
+
 def weighs_device_groups(target: Target, layout: tuple[str, ...], ratio: int) -> None:
     devices = {target.add_worker(device=device): device for device in layout}
     workers = list(devices)

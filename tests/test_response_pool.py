@@ -89,3 +89,16 @@ async def test_the_pool_is_bounded_per_address_and_in_total(pair: Pair) -> None:
     pool.close_all()
     assert len(pool) == 0
     assert all(connection.closed.is_set() for connection in kept)
+
+
+async def test_a_sweep_closes_what_callers_closed_and_keeps_the_rest(pair: Pair) -> None:
+    pool = ResponsePool()
+    (gone, caller), (kept, _) = await pair(), await pair()
+    pool.put("a:1", gone)
+    pool.put("b:1", kept)
+    await caller.aclose()
+    await trio.sleep(0.05)  # the FIN arrives
+    pool.sweep()
+    assert gone.closed.is_set()
+    assert len(pool) == 1
+    assert pool.take("b:1") is kept

@@ -58,16 +58,6 @@ class PrefixIndex:
             if not holders:
                 del self._holders[evicted]
 
-    def overlap(self, worker_id: int, hashes: Sequence[int]) -> int:
-        """The number of leading blocks the worker holds."""
-        held = self._cached.get(worker_id, {})
-        count = 0
-        for block in hashes:
-            if block not in held:
-                break
-            count += 1
-        return count
-
     def overlaps(self, hashes: Sequence[int]) -> dict[int, int]:
         """``overlap`` of every worker holding the first block (the others' is 0), walking
         the prompt's blocks once while any worker still holds all of them: O(matched
@@ -134,19 +124,14 @@ class KvScheduler:
             self._last = (tokens, last_hashes)  # holding ``tokens`` keeps its id unique
         return last_hashes
 
-    def costs(self, tokens: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
-        """Prefill blocks not cached on the worker plus decode blocks active on it (KVS-002):
-        the request's blocks twice (prefill and decode), minus the worker's overlap, plus its
-        active decode blocks."""
-        own = 2 * self.request_blocks(tokens)
-        return {w: own + c for w, c in self._relative_costs(tokens, candidates).items()}
-
     def _relative_costs(self, tokens: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
-        """``costs`` less the request's own blocks, the same for every worker, in candidate
-        order. For N candidates and a prompt of T tokens in B blocks: O(T) to hash it (once
-        per request), O(sum of matched blocks) set probes to match it against every worker
-        through the block index (at most B steps), then O(N) C-level reads of the decode
-        load and one update per matching worker."""
+        """Each candidate's cost (KVS-002: prefill blocks not cached on the worker plus decode
+        blocks active on it, the request's blocks counted twice) less the request's own
+        blocks, which are the same for every worker; in candidate order. For N candidates
+        and a prompt of T tokens in B blocks: O(T) to hash it (once per request), O(sum of
+        matched blocks) set probes to match it against every worker through the block index
+        (at most B steps), then O(N) C-level reads of the decode load and one update per
+        matching worker."""
         matched = self.index.overlaps(self.hashes(tokens))
         workers = list(candidates)
         relative = dict(zip(workers, map(self._blocks.get, workers, repeat(0)), strict=True))

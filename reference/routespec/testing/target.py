@@ -805,7 +805,8 @@ class Target(Protocol):
         self, chain: Sequence[str | None], include: Sequence[str], exclude: Sequence[str]
     ) -> bool: ...
     def classify(self, error: ErrorSpec) -> tuple[str, str]:
-        """The normalised (class, reason) of an error built from ``error``."""
+        """The normalised (class, reason) of an error built from ``error``; ``ValueError``
+        when the error cannot be built (an explicit reason ERR-004 forbids)."""
         ...
 
     def bounded_message(self, message: str) -> str: ...

@@ -6,7 +6,9 @@ stream's handshake there and send nothing else until then. The worker then keeps
 connection, per dial-back address, for the next stream it would otherwise dial a new
 connection for. Only the worker gives a released connection up — when it has been idle for
 ``IDLE_SECONDS``, when the pool is full, or when it has become readable (the caller closed
-it: nothing else may arrive on it) — so it never writes into one the caller is closing.
+it: nothing else may arrive on it) — so it never writes into one the caller is closing. The
+worker sweeps the pool every ``SWEEP_SECONDS``, so the connections of callers that went away
+are closed within that, whether or not another stream comes.
 Dynamo 1.6.1 never sends the header, and ignores it, so every stream it takes part in has its
 own connection.
 """
@@ -23,6 +25,7 @@ from routespec.transport.connection import FramedConnection
 REUSE = "reuse"  # the control word: the caller read the sentinel and awaits the next stream
 REUSE_HEADER = b'"x-routespec-response-reuse":"1"'  # the offer, as the caller writes it
 IDLE_SECONDS = 20.0
+SWEEP_SECONDS = 1.0
 PER_ADDRESS = 64
 TOTAL = 1024
 
@@ -76,6 +79,28 @@ class ResponsePool:
         connection.released = False
         kept.append((now, connection))
         self._count += 1
+
+    def sweep(self) -> None:
+        """Close every kept connection that is stale or no longer quiet."""
+        now = trio.current_time()
+        for address, kept in list(self._idle.items()):
+            fresh: collections.deque[tuple[float, FramedConnection]] = collections.deque()
+            for released, connection in kept:
+                if now - released < IDLE_SECONDS and _quiet(connection):
+                    fresh.append((released, connection))
+                else:
+                    connection.close_now()
+                    self._count -= 1
+            if fresh:
+                self._idle[address] = fresh
+            else:
+                del self._idle[address]
+
+    async def keep_swept(self) -> None:
+        """``sweep`` every ``SWEEP_SECONDS``, forever."""
+        while True:
+            await trio.sleep(SWEEP_SECONDS)
+            self.sweep()
 
     def close_all(self) -> None:
         for kept in self._idle.values():

@@ -200,6 +200,7 @@ class WorkerServer:
             try:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    nursery.start_soon(self.response_pool.keep_swept)
                     task_status.started(self.port)
                     await trio.serve_listeners(self._serve_connection, listeners)
             finally:
