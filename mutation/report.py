@@ -179,7 +179,7 @@ def requirement_coverage(paths: Iterable[Path]) -> dict[str, tuple[int, int]]:
             rows = json.loads(path.read_text(encoding="utf-8"))["requirements"]
         except (OSError, ValueError, KeyError):
             continue
-        passed = sum(1 for row in rows if row.get("verdict") == "PASS")
+        passed = sum(1 for row in rows if row.get("result") == "PASS")
         found[path.stem] = (passed, len(rows))
     return found
 

@@ -115,7 +115,7 @@ def test_the_summary_and_the_page_show_requirement_coverage(tmp_path: Path) -> N
     assert (summary["killed"], summary["judged"], summary["score"]) == (1, 1, 1.0)
     conformance = tmp_path / "reference.json"
     conformance.write_text(
-        '{"requirements": [{"id": "A-001", "verdict": "PASS"}, {"id": "A-002", "verdict": "SKIP"}]}'
+        '{"requirements": [{"id": "A-001", "result": "PASS"}, {"id": "A-002", "result": "SKIP"}]}'
     )
     coverage = report.requirement_coverage([conformance, tmp_path / "absent.json"])
     assert coverage == {"reference": (1, 2)}
