@@ -13,7 +13,7 @@ import time
 import pytest
 
 from routespec.conformance.checks import covers, require, requires
-from routespec.conformance.test_transport import PEER, usable_control
+from routespec.conformance.test_transport import PEER, _exactly, request_message, usable_control
 from routespec.testing.target import Adapter, Capability, Target
 
 WAIT = 10.0  # real seconds a check waits for a worker's bytes
@@ -25,39 +25,22 @@ SENTINEL = b'"sentinel"'
 def request(path: str, port: int, subject: str, *, offer: bool) -> bytes:
     """A request message for ``path`` whose response stream is ``subject`` at ``port``."""
     control = json.dumps(usable_control(f"{PEER}:{port}", subject)).encode()
-    body = b"{}"
-    payload = struct.pack(">QQQ", len(control), len(body), 0) + control + body
     headers = ("{" + (OFFER if offer else "") + "}").encode()
-    encoded = path.encode()
-    return b"".join(
-        (
-            struct.pack(">H", len(encoded)),
-            encoded,
-            struct.pack(">H", len(headers)),
-            headers,
-            struct.pack(">I", len(payload)),
-            payload,
-        )
-    )
+    return request_message(path, control, headers=headers)
 
 
 def frame(header: bytes) -> bytes:
     return struct.pack(">QQQ", len(header), 0, 0) + header
 
 
-def _exactly(stream: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = stream.recv(count - len(data))
-        if not chunk:
-            raise EOFError(f"the connection closed after {len(data)} of {count} bytes")
-        data += chunk
-    return bytes(data)
-
-
 def read_frame(stream: socket.socket) -> tuple[bytes, bytes]:
-    header_len, body_len, _ = struct.unpack(">QQQ", _exactly(stream, 24))
+    prefix = _exactly(stream, 24)
+    if prefix is None:
+        raise EOFError("the connection closed before a frame")
+    header_len, body_len, _ = struct.unpack(">QQQ", prefix)
     data = _exactly(stream, header_len + body_len)
+    if data is None:
+        raise EOFError("the connection closed inside a frame")
     return data[:header_len], data[header_len:]
 
 

@@ -986,10 +986,12 @@ def every_unusable_kind() -> st.SearchStrategy[list[Unusable]]:
     ).map(lambda drawn: [_unusable(*fields) for fields in drawn])
 
 
-def request_message(path: str, control: bytes, body: bytes = b"{}") -> bytes:
+def request_message(
+    path: str, control: bytes, body: bytes = b"{}", headers: bytes = b"{}"
+) -> bytes:
     """A well-framed request-plane message (TRN-001) around ``control``."""
     payload = struct.pack(">QQQ", len(control), len(body), 0) + control + body
-    encoded, headers = path.encode(), b"{}"
+    encoded = path.encode()
     return b"".join(
         (
             struct.pack(">H", len(encoded)),

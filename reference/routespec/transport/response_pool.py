@@ -50,7 +50,7 @@ class ResponsePool:
         while kept:
             released, connection = kept.pop()
             self._count -= 1
-            if now - released < IDLE_SECONDS and _quiet(connection):
+            if _usable(released, connection, now):
                 if not kept:
                     del self._idle[address]
                 return connection
@@ -86,7 +86,7 @@ class ResponsePool:
         for address, kept in list(self._idle.items()):
             fresh: collections.deque[tuple[float, FramedConnection]] = collections.deque()
             for released, connection in kept:
-                if now - released < IDLE_SECONDS and _quiet(connection):
+                if _usable(released, connection, now):
                     fresh.append((released, connection))
                 else:
                     connection.close_now()
@@ -108,6 +108,11 @@ class ResponsePool:
                 connection.close_now()
         self._idle.clear()
         self._count = 0
+
+
+def _usable(released: float, connection: FramedConnection, now: float) -> bool:
+    """Released less than ``IDLE_SECONDS`` ago, and still quiet."""
+    return now - released < IDLE_SECONDS and _quiet(connection)
 
 
 def _quiet(connection: FramedConnection) -> bool:
