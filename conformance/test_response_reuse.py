@@ -5,6 +5,7 @@ listener, so it sees on which connection each stream's handshake arrives."""
 from __future__ import annotations
 
 import json
+import resource
 import select
 import socket
 import struct
@@ -60,9 +61,18 @@ def read_to_sentinel(stream: socket.socket) -> None:
     raise AssertionError("no sentinel within 64 frames")
 
 
+def ready(streams: list[socket.socket], seconds: float) -> list[socket.socket]:
+    """Those of ``streams`` with something to read (or closed), waiting ``seconds`` at most
+    (poll, not select: the bound checks hold descriptors past FD_SETSIZE)."""
+    poller = select.poll()
+    by_fd = {stream.fileno(): stream for stream in streams}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(seconds * 1000)]
+
+
 def readable(stream: socket.socket, seconds: float = 0.0) -> bool:
-    found, _, _ = select.select([stream], [], [], seconds)
-    return bool(found)
+    return bool(ready([stream], seconds))
 
 
 def closing_bytes(stream: socket.socket) -> bytes | None:
@@ -187,3 +197,210 @@ def test_a_connection_not_released_carries_no_other_stream(
                     f"caller never released, within 1 s of its sentinel; "
                     + ("it was still open" if late is None else f"it wrote {late[:80]!r} on it"),
                 )
+
+
+def released(target: Target, worker: int, listener: socket.socket) -> socket.socket:
+    """A first stream's connection, read to its sentinel and released; the worker has taken
+    the release (the run settled) before this returns."""
+    stream, _ = first_stream(target, worker, listener, offer=True)
+    stream.sendall(frame(RELEASE))
+    target.advance_time(0.0)
+    return stream
+
+
+def next_stream(
+    target: Target, worker: int, listener: socket.socket, kept: socket.socket, subject: str
+) -> tuple[bool, dict[str, object] | None]:
+    """Request ``subject`` and return whether its handshake came on ``kept`` and what it
+    said; the stream is read to its sentinel."""
+    port = listener.getsockname()[1]
+    target.send_raw(worker, request(target.worker_path(worker), port, subject, offer=True))
+    if kept in ready([kept, listener], WAIT):
+        try:
+            found = handshake(kept)
+        except (EOFError, OSError):  # the worker closed it
+            found = None
+        if found is not None:
+            read_to_sentinel(kept)
+            return True, found
+    fresh = accept(listener)
+    if fresh is None:
+        return False, None
+    with fresh:
+        found = handshake(fresh)
+        read_to_sentinel(fresh)
+        return False, found
+
+
+@covers("TRN-029", "TRN-031")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("age", [19.5, 20.0], ids=["under-20s", "at-20s"])
+def test_a_released_connection_is_used_for_less_than_20_s(target: Target, age: float) -> None:
+    worker = target.add_worker()
+    with listening() as listener, released(target, worker, listener) as kept:
+        target.advance_time(age)
+        if age < 20.0:
+            on_kept, found = next_stream(target, worker, listener, kept, "second")
+            require(
+                "TRN-029",
+                on_kept and found is not None and found.get("subject") == "second",
+                f"a connection released {age} s ago is still usable; worker {worker} should "
+                f"write the next stream on it, but it came {'on it' if on_kept else 'elsewhere'}"
+                f" as {found}",
+            )
+            return
+        late = closing_bytes(kept)
+        require(
+            "TRN-031",
+            late == b"",
+            f"worker {worker} should close a connection released {age} s ago within 1 s, "
+            + ("it was still open" if late is None else f"but it wrote {late[:80]!r} on it"),
+        )
+        on_kept, found = next_stream(target, worker, listener, kept, "second")
+        require(
+            "TRN-031",
+            not on_kept and found is not None and found.get("subject") == "second",
+            f"a connection released {age} s ago may carry no stream; worker {worker} should "
+            f"dial a new one, but the stream came {'on it' if on_kept else 'as'} {found}",
+        )
+
+
+@covers("TRN-031")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("then", ["wrote", "closed"])
+@pytest.mark.parametrize("first", ["next-stream", "a-second-passes"])
+def test_a_released_connection_the_caller_touched_is_not_used(
+    target: Target, then: str, first: str
+) -> None:
+    """After its release the caller writes a frame, or closes its half: the worker never
+    writes a stream there, and closes it within 1 s, with or without a stream to place."""
+    worker = target.add_worker()
+    with listening() as listener, released(target, worker, listener) as kept:
+        if then == "wrote":
+            kept.sendall(frame(b'"stop"'))
+        else:
+            kept.shutdown(socket.SHUT_WR)
+        target.advance_time(0.0)
+        if first == "a-second-passes":
+            target.advance_time(1.0)
+            late = closing_bytes(kept)
+            require(
+                "TRN-031",
+                late == b"",
+                f"the caller {then} on its released connection; worker {worker} should close "
+                f"it within 1 s, "
+                + ("it was still open" if late is None else f"but it wrote {late[:80]!r}"),
+            )
+        on_kept, found = next_stream(target, worker, listener, kept, "second")
+        require(
+            "TRN-031",
+            not on_kept and found is not None and found.get("subject") == "second",
+            f"the caller {then} on its released connection; worker {worker} should dial a new "
+            f"one for the next stream, but it came {'on it' if on_kept else 'as'} {found}",
+        )
+        if first == "next-stream":
+            target.advance_time(1.0)
+            require(
+                "TRN-031",
+                closing_bytes(kept) is not None,
+                f"the caller {then} on its released connection; worker {worker} should close "
+                "it within 1 s, it was still open",
+            )
+
+
+@covers("TRN-028")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.MOCK_CLOCK)
+def test_a_reused_connection_needs_a_release_of_its_own(target: Target) -> None:
+    """The second stream on a released connection is read but not released: the third
+    stream is dialled for, and the connection closed within 1 s."""
+    worker = target.add_worker()
+    with listening() as listener, released(target, worker, listener) as kept:
+        on_kept, found = next_stream(target, worker, listener, kept, "second")
+        if not on_kept:
+            pytest.skip("the worker did not reuse the released connection (TRN-029, a SHOULD)")
+        on_kept, found = next_stream(target, worker, listener, kept, "third")
+        require(
+            "TRN-028",
+            not on_kept and found is not None and found.get("subject") == "third",
+            f"the caller did not release the second stream's connection; worker {worker} "
+            f"should dial a new one for the third, but it came "
+            f"{'on it' if on_kept else 'as'} {found}",
+        )
+        target.advance_time(1.0)
+        late = closing_bytes(kept)
+        require(
+            "TRN-028",
+            late == b"",
+            f"worker {worker} should close the second stream's connection, which the caller "
+            "never released, within 1 s of its sentinel; "
+            + ("it was still open" if late is None else f"it wrote {late[:80]!r} on it"),
+        )
+
+
+def released_many(
+    target: Target, worker: int, listeners: list[socket.socket], per_listener: int
+) -> list[socket.socket]:
+    """``per_listener`` streams to each listener, in turn, read to their sentinels and then
+    released one at a time, in the order returned (the run settled after each release)."""
+    by_subject: dict[str, socket.socket] = {}
+    for index, listener in enumerate(listeners):
+        port = listener.getsockname()[1]
+        subjects = [f"s{index}-{n}" for n in range(per_listener)]
+        for subject in subjects:
+            target.send_raw(worker, request(target.worker_path(worker), port, subject, offer=True))
+            stream = accept(listener)
+            if stream is None:
+                pytest.fail(f"setup: worker {worker} dialled back fewer than {per_listener} times")
+            subject = handshake(stream).get("subject")
+            read_to_sentinel(stream)
+            by_subject[str(subject)] = stream
+    ordered = [by_subject[f"s{i}-{n}"] for i in range(len(listeners)) for n in range(per_listener)]
+    for stream in ordered:
+        stream.sendall(frame(RELEASE))
+        target.advance_time(0.0)
+    return ordered
+
+
+def open_descriptors(wanted: int) -> None:
+    """Raise this process's soft open-file limit to ``wanted`` if the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+        if ceiling < wanted:
+            pytest.skip(f"the check holds {wanted} descriptors; the hard limit is {hard}")
+
+
+@covers("TRN-030")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize(
+    ("addresses", "per_address"),
+    [(1, 64), (1, 65), (16, 64), (17, 64)],
+    ids=["address-at-bound", "address-past-bound", "total-at-bound", "total-past-bound"],
+)
+def test_released_connections_are_kept_up_to_the_bounds(
+    target: Target, addresses: int, per_address: int
+) -> None:
+    """64 per response address and 1,024 in all are kept; one more closes the connection
+    released first. (With 17 addresses the last holds one, as the 1,025th.)"""
+    open_descriptors(4 * (addresses * per_address + 64))
+    worker = target.add_worker()
+    listeners = [listening() for _ in range(addresses)]
+    streams: list[socket.socket] = []
+    try:
+        streams = released_many(target, worker, listeners[: addresses - 1], per_address)
+        streams += released_many(
+            target, worker, listeners[addresses - 1 :], 1 if addresses == 17 else per_address
+        )
+        closed = [n for n, stream in enumerate(streams) if readable(stream)]
+        expected = [0] if len(streams) in (65, 1025) else []
+        require(
+            "TRN-030",
+            closed == expected,
+            f"{len(streams)} connections released to worker {worker} over {addresses} "
+            f"address(es); it should close {'the first released' if expected else 'none'}, "
+            f"it closed those released {[n + 1 for n in closed]}th",
+        )
+    finally:
+        for stream in [*streams, *listeners]:
+            stream.close()

@@ -83,7 +83,7 @@ async def test_the_pool_is_bounded_per_address_and_in_total(pair: Pair) -> None:
     assert len(pool) == 2
     assert kept[0].closed.is_set()
     pool.put("b:1", kept[3])
-    pool.put("b:1", kept[4])  # full: the oldest of the first address goes
+    pool.put("b:1", kept[4])  # full: the one released longest ago goes
     assert len(pool) == 3
     assert kept[1].closed.is_set()
     pool.close_all()

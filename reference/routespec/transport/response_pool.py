@@ -5,10 +5,10 @@ sentinel may send the control word ``reuse`` on that connection: it will read th
 stream's handshake there and send nothing else until then. The worker then keeps the
 connection, per dial-back address, for the next stream it would otherwise dial a new
 connection for. Only the worker gives a released connection up — when it has been idle for
-``IDLE_SECONDS``, when the pool is full, or when it has become readable (the caller closed
-it: nothing else may arrive on it) — so it never writes into one the caller is closing. The
-worker sweeps the pool every ``SWEEP_SECONDS``, so the connections of callers that went away
-are closed within that, whether or not another stream comes.
+``IDLE_SECONDS``, when the pool is full (TRN-030), or when it has become readable (TRN-031:
+the caller closed it, and nothing else may arrive on it) — so it never writes into one the
+caller is closing. The worker sweeps the pool every ``SWEEP_SECONDS``, so the connections of
+callers that went away are closed within that, whether or not another stream comes.
 Dynamo 1.6.1 never sends the header, and ignores it, so every stream it takes part in has its
 own connection.
 """
@@ -31,54 +31,51 @@ TOTAL = 1024
 
 
 class ResponsePool:
-    """Released connections by dial-back address, most recently released first; bounded in
-    number per address and in total."""
+    """Released connections by dial-back address, most recently released last; at most
+    ``per_address`` per address and ``total`` in all (TRN-030)."""
 
     def __init__(self, per_address: int = PER_ADDRESS, total: int = TOTAL) -> None:
         self._per_address = per_address
         self._total = total
         self._idle: dict[str, collections.deque[tuple[float, FramedConnection]]] = {}
-        self._count = 0
 
     def __len__(self) -> int:
-        return self._count
+        return sum(map(len, self._idle.values()))
 
     def take(self, address: str) -> FramedConnection | None:
-        """A released connection to ``address`` that is still quiet, or None."""
+        """The most recently released connection to ``address`` that is still usable, or
+        None; the unusable ones met on the way are closed."""
         kept = self._idle.get(address)
         now = trio.current_time()
-        while kept:
+        found = None
+        while kept and found is None:
             released, connection = kept.pop()
-            self._count -= 1
             if _usable(released, connection, now):
-                if not kept:
-                    del self._idle[address]
-                return connection
-            connection.close_now()
-        self._idle.pop(address, None)
-        return None
+                found = connection
+            else:
+                connection.close_now()
+        if kept is not None and not kept:
+            del self._idle[address]
+        return found
 
     def put(self, address: str, connection: FramedConnection) -> None:
-        """Keep ``connection``; the oldest one kept for the address, or the first address's
-        oldest when the pool is full, is closed to make room."""
-        kept = self._idle.setdefault(address, collections.deque())
-        now = trio.current_time()
-        while kept and now - kept[0][0] >= IDLE_SECONDS:  # the stale ones first
-            kept.popleft()[1].close_now()
-            self._count -= 1
+        """Keep ``connection``; when the address or the pool is at its bound, the connection
+        released longest ago (of the address, or of all) is closed to make room."""
+        kept = self._idle.get(address, ())
         if len(kept) >= self._per_address:
-            kept.popleft()[1].close_now()
-            self._count -= 1
-        elif self._count >= self._total:
-            first = next(a for a, k in self._idle.items() if k)
-            oldest = self._idle[first]
-            oldest.popleft()[1].close_now()
-            self._count -= 1
-            if not oldest and first != address:
-                del self._idle[first]
-        connection.released = False
-        kept.append((now, connection))
-        self._count += 1
+            self._close_oldest(address)
+        elif len(self) >= self._total:
+            self._close_oldest(min(self._idle, key=lambda a: self._idle[a][0][0]))
+        connection.released = False  # the next stream needs a release of its own
+        self._idle.setdefault(address, collections.deque()).append(
+            (trio.current_time(), connection)
+        )
+
+    def _close_oldest(self, address: str) -> None:
+        kept = self._idle[address]
+        kept.popleft()[1].close_now()
+        if not kept:
+            del self._idle[address]
 
     def sweep(self) -> None:
         """Close every kept connection that is stale or no longer quiet."""
@@ -90,7 +87,6 @@ class ResponsePool:
                     fresh.append((released, connection))
                 else:
                     connection.close_now()
-                    self._count -= 1
             if fresh:
                 self._idle[address] = fresh
             else:
@@ -107,7 +103,6 @@ class ResponsePool:
             for _, connection in kept:
                 connection.close_now()
         self._idle.clear()
-        self._count = 0
 
 
 def _usable(released: float, connection: FramedConnection, now: float) -> bool:
@@ -116,11 +111,11 @@ def _usable(released: float, connection: FramedConnection, now: float) -> bool:
 
 
 def _quiet(connection: FramedConnection) -> bool:
-    """Nothing buffered and nothing to read: a caller that released the connection sends
-    nothing before the next handshake, so anything readable is its close (or a fault)."""
+    """Nothing to read: a caller that released the connection sends nothing before the next
+    handshake, so anything readable is its close (or a fault). Nothing is buffered either: a
+    release followed by more bytes is no release (``worker_server._await_release``)."""
     stream = connection.stream
-    if connection.buffered or not isinstance(stream, trio.SocketStream):
-        return False
+    assert isinstance(stream, trio.SocketStream), "only dialled TCP connections are kept"
     poller = select.poll()  # not select.select: descriptors may be past FD_SETSIZE
     poller.register(stream.socket.fileno(), select.POLLIN)
     return not poller.poll(0)
