@@ -508,13 +508,19 @@ class ReferenceTarget:
         return await router.dispatch_preselected(request, call.worker_id, permit, prepare)
 
     async def _migrate(self, request: Request, call: Migrate) -> ItemStream:
-        payload = {
-            "token_ids": list(range(call.prompt)),
+        prompt = list(range(call.prompt))
+        text = " ".join(map(str, prompt))
+        budgets = {
             "max_tokens": call.max_tokens,
             "min_tokens": call.min_tokens,
             "n": call.n,
             "guided_decoding": call.guided,
         }
+        payload = {
+            "tokens": {"token_ids": prompt, **budgets},
+            "map": {"prompt": text, **budgets},
+            "text": text,
+        }[call.form]
         migration = self._migration_class(self._router, call.limit, call.max_seq_len)
         return await migration.generate(
             attrs.evolve(request, payload=payload),

@@ -39,6 +39,7 @@ from routespec.testing.target import (
     FailBeforeStream,
     FailMidStream,
     Generate,
+    Migrate,
     Outcome,
     Preselected,
     Reject,
@@ -410,6 +411,26 @@ def test_prepare_sees_the_fallback_worker(target: Target) -> None:
         f"expected three deliveries, none to vanished {vanished}: {list(target.dispatch_log())}",
     )
     _require_prepared_for_reached(target, "direct_within with fallback")
+
+
+@covers("DSP-010")
+@requires(Capability.OBSERVE_PREPARED_TARGET, Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("pinned", [False, True], ids=["routed", "pinned"])
+def test_prepare_sees_every_attempt_of_a_migrating_request(target: Target, pinned: bool) -> None:
+    """Each attempt is prepared for the worker it reaches: the first and its replacement,
+    and a pinned request's only attempt."""
+    failing = target.add_worker()
+    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    spare = target.add_worker()
+    target.submit(Migrate(limit=1, pin=spare if pinned else None))
+    reached = [d.worker_id for d in target.dispatch_log()]
+    require_equal(
+        "DSP-010",
+        reached,
+        [spare] if pinned else [failing, spare],
+        f"a {'pinned' if pinned else 'routed'} migrating request reached {reached}",
+    )
+    _require_prepared_for_reached(target, f"a {'pinned' if pinned else 'routed'} migration")
 
 
 @covers("DSP-010")

@@ -6,6 +6,8 @@ tokens ``prompt .. prompt + max_tokens - 1``, whichever workers produced them.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from routespec.conformance import oracle
@@ -233,6 +235,80 @@ def test_migration_is_off_where_it_would_change_the_answer(
         and attempts[0] == failing,
         f"{call} after 2 tokens failed on {failing}: expected "
         f"{'a migration' if migrates else 'one attempt'}; reached {attempts}, got {outcome}",
+    )
+
+
+# --- the router mode of each attempt (SEL-006) ---
+
+
+@covers("SEL-006")
+@requires(Capability.MIGRATION)
+def test_migrating_requests_are_selected_by_their_mode(target: Target) -> None:
+    """Three round-robin token requests through migration, over three idle workers, each
+    reach a different worker: the attempt is selected round-robin, not by load."""
+    pool = cluster(target, Serve(), Serve(), Serve())
+    reached_by: list[int] = []
+    for _ in pool:
+        request = target.submit(Migrate(mode="round-robin", limit=1))
+        completes(target, request, "SEL-006", "a round-robin request over idle workers")
+        reached_by += deliveries(target, request)
+    require_equal(
+        "SEL-006",
+        sorted(reached_by),
+        sorted(pool),
+        f"three round-robin requests over the idle workers {pool} should reach each once; "
+        f"they reached {reached_by}",
+    )
+
+
+# --- requests that are not token requests (MIG-002, MIG-005, MIG-008) ---
+
+Form = Literal["map", "text"]
+FORMS: list[Form] = ["map", "text"]
+
+
+def items_of(form: str, worker: int, request: str, count: int) -> list[object]:
+    """What ``Serve`` on ``worker`` yields for a request of ``form`` (see ``Migrate``)."""
+    if form == "text":
+        return [f"worker {worker} request {request} item {n}" for n in range(count)]
+    return [{"worker": worker, "request": request, "index": n} for n in range(count)]
+
+
+@covers("MIG-002", "MIG-005")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("form", FORMS)
+def test_a_request_without_tokens_migrates_before_its_stream(target: Target, form: Form) -> None:
+    """Before its stream any request migrates; one that is not a token request has no length,
+    so ``max_seq_len`` does not hold it back (MIG-005 bounds token requests)."""
+    failing, spare = cluster(target, FailBeforeStream(ErrorSpec("Disconnected")), Serve(3))
+    request = target.submit(Migrate(limit=1, form=form, max_seq_len=1))
+    outcome = finished(target, request, "MIG-002")
+    require(
+        "MIG-002",
+        deliveries(target, request) == [failing, spare]
+        and outcome.error is None
+        and list(outcome.items) == items_of(form, spare, request, 3),
+        f"a {form} request (not a token request) failed before its stream on {failing} with "
+        f"Disconnected; it should migrate to {spare} and read its 3 items; reached "
+        f"{deliveries(target, request)}, got {outcome}",
+    )
+
+
+@covers("MIG-008")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("form", FORMS)
+def test_a_request_without_tokens_ends_at_a_mid_stream_failure(target: Target, form: Form) -> None:
+    failing, _spare = cluster(target, FailMidStream(2, ErrorSpec("Disconnected")), Serve(3))
+    request = target.submit(Migrate(limit=3, form=form))
+    outcome = finished(target, request, "MIG-008")
+    require(
+        "MIG-008",
+        deliveries(target, request) == [failing]
+        and shows(outcome.error, ["Disconnected"])
+        and list(outcome.items) == items_of(form, failing, request, 2),
+        f"a {form} request (not a token request) cannot continue where it stopped: after 2 "
+        f"items from {failing}, its Disconnected error item should end the stream, with no "
+        f"other attempt; reached {deliveries(target, request)}, got {outcome}",
     )
 
 

@@ -770,6 +770,11 @@ class FrontendTarget(Unsupported):
                 f"{type(call).__name__}: the frontend's HTTP API takes token requests only; "
                 "the bare client's calls are the dynamo and dynamo-wire adapters'"
             )
+        if call.form != "tokens":
+            unreachable(
+                f"a {call.form} request: the frontend tokenizes every prompt, so its migration "
+                "only ever sees token requests"
+            )
         if call.stopped:
             unreachable(
                 "a caller context stopped before the first attempt: an HTTP client can only "

@@ -7,8 +7,8 @@ fail MIG-001.
 from __future__ import annotations
 
 from routespec.adapters.reference import ReferenceAdapter
-from routespec.errors import ErrorKind, RoutingError, match_error_chain
-from routespec.migration import BLOCKING_TYPES, MIGRATABLE_TYPES, Migration
+from routespec.errors import MIGRATION_BLOCKING_TYPES, ErrorKind, RoutingError, match_error_chain
+from routespec.migration import MIGRATABLE_TYPES, Migration
 
 VIOLATES = ("MIG-001",)
 
@@ -18,7 +18,7 @@ class RetriesResourceExhausted(Migration):
         return match_error_chain(
             failure,
             MIGRATABLE_TYPES | {ErrorKind.RESOURCE_EXHAUSTED},
-            BLOCKING_TYPES - {ErrorKind.RESOURCE_EXHAUSTED},
+            MIGRATION_BLOCKING_TYPES - {ErrorKind.RESOURCE_EXHAUSTED},
         )
 
 

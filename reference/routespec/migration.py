@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 
 from routespec.errors import (
-    MIGRATION_BLOCKING_TYPES,
     BackendKind,
     ErrorKind,
     ErrorType,
@@ -44,7 +43,6 @@ MIGRATABLE_TYPES: frozenset[ErrorType] = frozenset(
         BackendKind.STREAM_INCOMPLETE,
     }
 )
-BLOCKING_TYPES = MIGRATION_BLOCKING_TYPES  # the transport's sensitive set: one object (MIG-015)
 CANCELLED_FINISH = "cancelled"
 
 Attempt = Callable[[Request, Exclusions], Awaitable[ItemStream]]
@@ -53,9 +51,7 @@ Attempt = Callable[[Request, Exclusions], Awaitable[ItemStream]]
 def is_migratable(error: BaseException) -> bool:
     """A migratable type on some link and no blocking link, by type or by reason (MIG-001,
     MIG-002, MIG-003, MIG-016): the transport's sensitive test is the same (MIG-015)."""
-    if is_migration_sensitive(error):
-        return False
-    return match_error_chain(error, MIGRATABLE_TYPES, BLOCKING_TYPES)
+    return not is_migration_sensitive(error) and match_error_chain(error, MIGRATABLE_TYPES)
 
 
 def migration_permitted(payload: object) -> bool:
@@ -65,12 +61,20 @@ def migration_permitted(payload: object) -> bool:
     return payload.get("n", 1) in (None, 1) and not payload.get("guided_decoding", False)
 
 
+def prompt_tokens(payload: object) -> list[object] | None:
+    """A token request's prompt, its payload's ``token_ids`` list; None for any other
+    request, which migrates only before its stream (MIG-008) and has no length (MIG-005)."""
+    tokens = payload.get("token_ids") if isinstance(payload, Mapping) else None
+    return tokens if isinstance(tokens, list) else None
+
+
 def continued(payload: Mapping[str, object], delivered: list[int]) -> dict[str, object]:
-    """The request a replacement worker gets: delivered tokens join the prompt and the
+    """The token request a replacement worker gets: delivered tokens join the prompt and the
     token budgets shrink by as many, never below zero (MIG-009)."""
-    prompt = payload.get("token_ids")
+    prompt = prompt_tokens(payload)
+    assert prompt is not None, "only a token request continues mid-stream"
     follow_up = dict(payload)
-    follow_up["token_ids"] = [*(prompt if isinstance(prompt, list) else []), *delivered]
+    follow_up["token_ids"] = [*prompt, *delivered]
     for budget in ("max_tokens", "min_tokens"):
         value = payload.get(budget)
         if isinstance(value, int):
@@ -174,15 +178,13 @@ class MigratingStream:
         if self._attempts_left <= 0 or not self._migration.is_migratable(failure):
             return False
         limit = self._migration.max_seq_len
-        prompt = self._original.payload
-        prompt_tokens = prompt.get("token_ids") if isinstance(prompt, Mapping) else None
-        prompt_len = len(prompt_tokens) if isinstance(prompt_tokens, list) else 0
-        return limit is None or prompt_len + len(self._delivered) <= limit  # MIG-005
+        prompt = prompt_tokens(self._original.payload)
+        # MIG-005: only a token request has a length to bound
+        return limit is None or prompt is None or len(prompt) + len(self._delivered) <= limit
 
     def _resumable(self) -> bool:
         """Mid-stream migration needs a token request, to continue where it stopped."""
-        payload = self._original.payload
-        return isinstance(payload, Mapping) and isinstance(payload.get("token_ids"), list)
+        return prompt_tokens(self._original.payload) is not None
 
     def __aiter__(self) -> MigratingStream:
         return self

@@ -155,6 +155,8 @@ class ScriptedWorker:
     def _item(
         self, request: Request, index: int, tokens: tuple[int, int] | None, *, last: bool
     ) -> object:
+        if isinstance(request.payload, str):  # a text request: text items
+            return f"worker {self.worker_id} request {request.request_id} item {index}"
         item: dict[str, object] = {
             "worker": self.worker_id,
             "request": request.request_id,

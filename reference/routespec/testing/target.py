@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Literal, Protocol
 
 import attrs
 
@@ -107,7 +107,7 @@ class Serve:
 
     Every scripted data item is ``{"worker": id, "request": request_id, "index": n}`` with
     ``n`` counting from 0 across the whole stream, so checks can see loss, reordering and
-    which worker produced it.
+    which worker produced it (a text request's items are text: ``Migrate``'s ``form``).
     """
 
     items: int = 1
@@ -293,6 +293,11 @@ class Migrate:
     decides where it fails (``FailMidStream(k, …)`` fails after ``k`` tokens). So a request
     that completes must read exactly ``prompt, prompt+1, …, prompt+max_tokens-1``.
     ``stopped`` marks the caller's context stopped before the first attempt.
+
+    ``form`` "map" sends a request that is not a token request: a map carrying the prompt as
+    text (``{"prompt": "0 1 2 3", "max_tokens": …}``), answered with ``Serve``'s map items,
+    which carry no tokens; "text" sends the prompt as a bare string, answered with text items
+    (``"worker W request R item N"``). Both migrate only before their stream (MIG-008).
     """
 
     mode: str = "round-robin"
@@ -305,6 +310,7 @@ class Migrate:
     max_seq_len: int | None = None
     pin: int | None = None
     stopped: bool = False
+    form: Literal["tokens", "map", "text"] = "tokens"
 
 
 @attrs.frozen
