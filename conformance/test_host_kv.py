@@ -289,6 +289,28 @@ def test_the_cost_weighs_cached_blocks_against_active_ones(target: Target) -> No
         target.release_stalled(warm)
 
 
+@covers("KVS-001", "KVS-002")
+@requires(HOST)
+@pytest.mark.parametrize("shorter", [1, 2, 3])
+def test_the_longer_cached_prefix_wins(target: Target, shorter: int) -> None:
+    """Of two idle workers holding the first ``shorter`` and ``shorter + 1`` blocks of a
+    4-block prompt, the longer prefix costs one block less, at every depth."""
+    short, long_ = workers(target, 2, Serve())
+    host = host_of(target, "KVS-002", KV)
+    query = [1, 2, 3, 4, 5, 6, 7, 8]
+    pin(target, host, short, query[: BLOCK * shorter])
+    pin(target, host, long_, query[: BLOCK * (shorter + 1)])
+    picks = set(previews(host, query, 20, "KVS-002"))
+    require_equal(
+        "KVS-002",
+        picks,
+        {long_},
+        f"worker {short} holds the first {shorter} and worker {long_} the first "
+        f"{shorter + 1} of the 4 blocks of {query}; both idle, so {long_} costs one block "
+        f"less and 20 previews should choose only it; they chose {sorted(picks)}",
+    )
+
+
 # --- KVS-003, KVS-004 ---
 
 
@@ -321,6 +343,32 @@ def test_a_temperature_sometimes_picks_a_costlier_worker(target: Target) -> None
         f"at temperature 1 worker {warm} (all 4 blocks of {query} cached) should be chosen "
         f"most often and worker {cold} (none cached) sometimes; 100 previews chose them "
         f"{picks.count(warm)} and {picks.count(cold)} times",
+    )
+
+
+@covers("KVS-004")
+@requires(HOST)
+def test_a_temperature_samples_by_the_softmax_of_normalised_costs(target: Target) -> None:
+    """Costs 0, 2 and 4 blocks normalise to 0, 0.5 and 1; at temperature 0.5 the weights are
+    e^0, e^-1 and e^-2, so the workers are chosen 66.5 %, 24.5 % and 9.0 % of the time."""
+    full, half, none = workers(target, 3, Serve())
+    host = host_of(target, "KVS-004", HostConfig(policy="kv", block_size=BLOCK, temperature=0.5))
+    query = [1, 2, 3, 4, 5, 6, 7, 8]
+    pin(target, host, full, query)
+    pin(target, host, half, query[:4])
+    count = 600
+    picks = previews(host, query, count, "KVS-004")
+    weights = [math.exp(-cost / 0.5) for cost in (0.0, 0.5, 1.0)]
+    expected = [w / sum(weights) for w in weights]
+    shares = [picks.count(worker) / count for worker in (full, half, none)]
+    # 0.08 is over 4.5 standard deviations of a share near 0.25 in 600 draws
+    require(
+        "KVS-004",
+        all(abs(share - p) <= 0.08 for share, p in zip(shares, expected, strict=True)),
+        f"workers {full}, {half}, {none} cache 4, 2 and 0 of the 4 blocks of {query} and "
+        f"carry no load: normalised costs 0, 0.5, 1, so at temperature 0.5 they should be "
+        f"chosen {[round(p, 3) for p in expected]} of the time; {count} previews chose them "
+        f"{[round(s, 3) for s in shares]}",
     )
 
 
@@ -719,6 +767,28 @@ def test_the_index_forgets_past_its_bound(target: Target, bound: int) -> None:
     holds_all(host, warm, query, f"at its bound of {bound} blocks")
     pin(target, host, warm, [0] * BLOCK)  # one block more than the bound
     forgot_the_first(host, [warm, cold], query, f"one block past its bound of {bound}")
+
+
+@covers("KVS-017")
+@requires(HOST, Capability.KV_INDEX_BOUND)
+def test_a_block_one_worker_forgets_stays_with_the_others(target: Target) -> None:
+    """The bound is per worker: past it, a worker forgets its own oldest blocks, and a
+    worker that holds the same blocks keeps them."""
+    forgetful, keeper, _cold = workers(target, 3, Serve())
+    host = host_of(target, "KVS-017", HostConfig(policy="kv", block_size=BLOCK, kv_index_blocks=2))
+    query = [1, 2, 3, 4]
+    pin(target, host, forgetful, query)
+    pin(target, host, keeper, query)
+    pin(target, host, forgetful, [9, 9, 8, 8])  # two blocks more: it forgets both of query's
+    picks = set(previews(host, query, 10, "KVS-017"))
+    require_equal(
+        "KVS-017",
+        picks,
+        {keeper},
+        f"workers {forgetful} and {keeper} both recorded {query} (2 blocks, the bound); "
+        f"{forgetful} then recorded two other blocks and forgot them, {keeper} did not, so 10 "
+        f"previews should choose only {keeper}; they chose {sorted(picks)}",
+    )
 
 
 @covers("KVS-017")

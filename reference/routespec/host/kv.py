@@ -78,17 +78,15 @@ class PrefixIndex:
 
 @attrs.define(eq=False)
 class KvBooking:
-    """One admitted request's load on its worker; released exactly once."""
+    """One admitted request's load on its worker; released exactly once, by its admission
+    (``HostAdmission.release``)."""
 
     _scheduler: KvScheduler
     worker_id: int
     blocks: int
-    released: bool = False
 
     def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self._scheduler._unbook(self)
+        self._scheduler._unbook(self)
 
 
 @attrs.define
