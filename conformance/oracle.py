@@ -204,9 +204,10 @@ def match_chain(
     chain: Sequence[str | None], include: Collection[str], exclude: Collection[str]
 ) -> bool:
     """``match_error_chain``: an include anywhere matches (ERR-009) unless an exclude anywhere
-    vetoes it (ERR-008); untyped links count as neither (ERR-007); every link is read (ERR-002).
+    vetoes it (ERR-008); untyped links count as neither (ERR-007); every link is read (ERR-002),
+    to the 64th (ERR-010).
     """
-    labels = typed(chain)
+    labels = typed(chain[:MAX_CHAIN_LINKS])  # ERR-010
     if any(label in exclude for label in labels):
         return False
     return any(label in include for label in labels)
@@ -225,6 +226,7 @@ def classify(chain: Sequence[str | None]) -> tuple[str, str]:
 # --- ERR-006: bounded messages ---
 
 MAX_MESSAGE_BYTES = 4096
+MAX_CHAIN_LINKS = 64  # ERR-010
 TRUNCATION_MARKER = "...[truncated]"
 
 

@@ -489,3 +489,41 @@ def test_an_include_anywhere_matches(adapter: Adapter) -> None:
             )
 
         check()
+
+
+# --- ERR-010 ---
+
+
+@covers("ERR-010")
+@requires(Capability.ERROR_MODEL)
+@pytest.mark.parametrize(
+    ("position", "role", "matches"),
+    [
+        (64, "include", True),
+        (65, "include", False),
+        (64, "exclude", False),
+        (65, "exclude", True),
+    ],
+    ids=["include-64th", "include-65th", "exclude-64th", "exclude-65th"],
+)
+def test_a_chain_is_read_to_its_64th_link(
+    adapter: Adapter, position: int, role: str, matches: bool
+) -> None:
+    """Untyped wrappers fill the chain; one typed link sits at ``position`` (1 is the
+    outermost). An exclude is tried against an include at the outermost link."""
+    chain: list[str | None] = [None] * 65
+    chain[position - 1] = "Disconnected"
+    if role == "exclude":
+        chain[0] = "CannotConnect"
+    include = ["Disconnected"] if role == "include" else ["CannotConnect"]
+    exclude = ["Disconnected"] if role == "exclude" else []
+    with adapter.open(TargetConfig()) as target:
+        found = target.match_error_chain(chain, include, exclude)
+    require_equal(
+        "ERR-010",
+        found,
+        matches,
+        f"a 65-link chain with Disconnected at link {position} (as {role}"
+        + (", CannotConnect outermost as include" if role == "exclude" else "")
+        + f"): links past the 64th are not read, so the match should be {matches}",
+    )

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 
 MAX_MESSAGE_BYTES = 4096  # ERR-006
 TRUNCATION_MARKER = "...[truncated]"
-MAX_CHAIN_LINKS = 64  # bounds chain walks even over a cyclic __cause__ graph
+MAX_CHAIN_LINKS = 64  # ERR-010: chain walks stop here, even over a cyclic __cause__ graph
 
 
 class ErrorKind(enum.Enum):
