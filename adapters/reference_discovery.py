@@ -98,7 +98,9 @@ class ReferenceDiscovery:
         self._watchers: list[Watcher] = []
         self._aged_at = time.monotonic()  # when records were last aged (real time)
         self._root, self._nursery = portal.call(self._open)
-        self._store = FileStore(self._root, ttl, POLL_INTERVAL)
+        opened = open_store(self.address(), ttl)  # as a worker's --discovery opens it
+        assert isinstance(opened, FileStore), f"{self.address()} opened {opened!r}"
+        self._store = attrs.evolve(opened, poll_interval=POLL_INTERVAL)
         portal.call(self._store.check)
 
     async def _open(self) -> tuple[Path, trio.Nursery]:

@@ -658,15 +658,29 @@ def test_the_budget_starts_when_a_stage_first_sees_the_stop(target: Target) -> N
 
 @covers("HST-014", "HST-015")
 @requires(HOST, Capability.MOCK_CLOCK)
-def test_a_planned_route_spends_its_preview_budget(target: Target) -> None:
-    workers(target, 1)
+@pytest.mark.parametrize("elapsed", [119.5, 120.0, 121.0])
+def test_a_planned_route_spends_its_preview_budget(target: Target, elapsed: float) -> None:
+    """The budget is 120 s from the preview: half a second short of it the stopped dispatch
+    still reaches its worker; at it, or past it, nothing is left."""
+    (worker,) = workers(target, 1)
     host = host_of(target, "HST-014", HostConfig(policy="kv"))
     staged = HostRoute(phase="decode", staged_kv=True)
     preview = planned(host.preview(staged), "HST-014")
-    target.advance_time(121.0)
+    target.advance_time(elapsed)
     plan = planned(host.plan(preview.plan_id), "HST-014")
     request = host.dispatch_plan(plan.plan_id, stop_first=True)
     outcome, attempts = ended(target, request, "HST-015")
+    if elapsed < 120.0:
+        require(
+            "HST-014",
+            plan.budget_remaining == 120.0 - elapsed
+            and outcome.error is None
+            and attempts == [worker],
+            f"the preview started the route's budget {elapsed} s earlier, so the stopped "
+            f"dispatch has {120.0 - elapsed} s left and should reach worker {worker}; plan "
+            f"reports {plan.budget_remaining} s, got {outcome}, reached {attempts}",
+        )
+        return
     require(
         "HST-014",
         plan.budget_remaining == 0
@@ -674,8 +688,9 @@ def test_a_planned_route_spends_its_preview_budget(target: Target) -> None:
             outcome, "Cancelled", f"Request {request} exhausted its decode cleanup budget at record"
         )
         and not attempts,
-        f"the preview started the route's budget 121 s earlier, so the stopped dispatch has "
-        f"none left; plan reports {plan.budget_remaining} s, got {outcome}, reached {attempts}",
+        f"the preview started the route's budget {elapsed} s earlier, so the stopped dispatch "
+        f"has none left; plan reports {plan.budget_remaining} s, got {outcome}, reached "
+        f"{attempts}",
     )
 
 
@@ -722,7 +737,12 @@ def lora_inflight_scenario(target: Target) -> None:
     target.script_worker(replica, Stall(items=1))
     open_request = host.route(HostRoute(lora="ad", max_tokens=2))
     require_equal("HST-017", host.lora_inflight(), {"ad": 1}, f"open: {host.lora_inflight()}")
+    second = host.route(HostRoute(lora="ad", max_tokens=2))
+    require_equal("HST-017", host.lora_inflight(), {"ad": 2}, f"two open: {host.lora_inflight()}")
     target.release_stalled(replica)
+    require_compare(
+        "HST-017", target.outcome(second), "is not", None, "the second request should have ended"
+    )
     require_equal("HST-017", host.lora_inflight(), {}, f"completed: {host.lora_inflight()}")
     require_compare(
         "HST-017", target.outcome(open_request), "is not", None, "the request should have ended"

@@ -254,8 +254,8 @@ def test_a_binding_expires_a_ttl_after_its_last_use(target: Target) -> None:
         "AFF-003",
         f"{2 * TTL - 2} s after binding but {TTL - 1} s after its last use (TTL {TTL} s)",
     )
-    target.advance_time(1.5)
-    unbound(host, "s", "AFF-003", f"{TTL + 0.5} s after its last use (TTL {TTL} s)")
+    target.advance_time(1.0)
+    unbound(host, "s", "AFF-003", f"exactly its TTL ({TTL} s) after its last use")
     fresh = other_than(pool, worker)
     host.bind_session("s", fresh)
     went = served(target, host.route(HostRoute(session="s")), "AFF-003", "after expiry")
@@ -388,8 +388,8 @@ def test_new_sessions_beyond_the_cap_are_refused_until_bindings_expire(target: T
     served(target, route("c"), "AFF-004", "session c")
     full("d", "while a, b and c (the cap of 3) are bound")
     served(target, route("c"), "AFF-004", "a bound session while the cap is reached")
-    target.advance_time(TTL / 2 + 1)  # a has expired, b and c have not
-    served(target, route("d"), "AFF-004", "session d once a has expired")
+    target.advance_time(TTL / 2)  # a has expired (exactly its TTL unused), b and c have not
+    served(target, route("d"), "AFF-004", "session d once a has been unused for its TTL")
     full("e", "while b, c and d are bound")
     target.advance_time(TTL / 2)  # b and c have expired
     served(target, route("e"), "AFF-004", "session e once b and c have expired")

@@ -344,9 +344,14 @@ def test_any_configured_check_marks(open_target: OpenTarget) -> None:
 @requires(Capability.REPORT_LOAD, Capability.OBSERVE_WORKER_SETS)
 def test_decode_needs_known_total_blocks(open_target: OpenTarget) -> None:
     zero = LoadThresholds(active_decode_blocks_threshold=0.0)
-    loads: list[LoadReport | None] = [decode(5, total=0), decode(0), decode(1)]
+    loads: list[LoadReport | None] = [
+        decode(5, total=0),
+        decode(0),
+        decode(1),
+        decode(1, total=1),  # the smallest known total counts
+    ]
     workers, overloaded = judged(open_target, zero, loads)
-    require_overloaded(workers, overloaded, [False, False, True], zero, loads)
+    require_overloaded(workers, overloaded, [False, False, True, True], zero, loads)
 
 
 @covers("SET-005", "SET-004")
