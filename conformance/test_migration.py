@@ -417,6 +417,30 @@ def test_a_migrated_request_reads_as_one_clean_stream(target: Target, before: in
     )
 
 
+@covers("MIG-013", "MIG-003", "MIG-004")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("why", ["other-failure", "no-attempt-left"])
+def test_a_terminal_frame_no_migration_follows_reaches_the_client(target: Target, why: str) -> None:
+    """Only a migration hides the terminal frame: when the error after it is not migratable,
+    or no attempt is left, the client reads the frame, then the error."""
+    label = "InvalidArgument" if why == "other-failure" else "Backend(EngineShutdown)"
+    failing, _ = cluster(target, CancelThenFail(2, ErrorSpec(label)), Serve())
+    request = target.submit(Migrate(limit=3 if why == "other-failure" else 0))
+    outcome = finished(target, request, "MIG-013")
+    reasons = [i.get("finish_reason") for i in outcome.items if isinstance(i, dict)]
+    require(
+        "MIG-013",
+        deliveries(target, request) == [failing]
+        and tokens(outcome) == EXPECTED[:2]
+        and reasons[-1:] == ["cancelled"]
+        and shows(outcome.error, [label]),
+        f"worker {failing} sent 2 tokens, a cancelled terminal frame and {label}, and "
+        f"{'the error is not migratable' if why == 'other-failure' else 'the limit is 0'}: "
+        f"the client should read the tokens, the frame and the error; reached "
+        f"{deliveries(target, request)}, got finish reasons {reasons} and {outcome}",
+    )
+
+
 # --- MIG-014 ---
 
 
