@@ -332,6 +332,14 @@ class ReferenceTarget:
         self._processes.add(worker_id)
         return worker_id
 
+    def set_device(self, worker_id: int, device: str) -> None:
+        def rewrite() -> None:
+            listed = self._discovery.lookup(worker_id)
+            assert listed is not None, f"worker {worker_id} is not listed"
+            self._discovery.register(attrs.evolve(listed, device_type=device))
+
+        self._portal.call_sync(rewrite)
+
     def remove_worker(self, worker_id: int) -> None:
         def remove() -> None:
             self._discovery.deregister(worker_id)

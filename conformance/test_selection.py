@@ -350,6 +350,36 @@ def test_least_loaded_picks_a_minimum(target: Target) -> None:
     release_all(target, workers)
 
 
+@covers("SEL-009")
+@requires(
+    Capability.LEAST_LOADED,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.OBSERVE_OCCUPANCY,
+)
+def test_least_loaded_stays_right_over_many_requests(target: Target) -> None:
+    """200 requests that come and go on one worker while the other holds more: each load
+    change is bookkeeping an implementation may keep incrementally, and the pick must
+    follow the loads however long the history."""
+    busy, light = target.add_worker(), target.add_worker()
+    book(target, busy, 2)
+    book(target, light, 1)
+    target.script_worker(light, Serve())
+    picks = [
+        only_worker(target, target.submit(Generate("least-loaded")), "SEL-009") for _ in range(200)
+    ]
+    require_compare(
+        "SEL-009",
+        busy,
+        "not in",
+        picks,
+        f"worker {busy} holds two requests and worker {light} one between requests; every "
+        f"least-loaded pick should be {light}, but {busy} was picked at steps "
+        f"{[n for n, w in enumerate(picks) if w == busy][:10]}",
+    )
+    release_all(target, [busy, light])
+
+
 # --- SEL-010 ---
 
 
@@ -451,6 +481,35 @@ def test_device_aware_weighs_the_loads_of_the_free_set_as_it_changes(target: Tar
             f"idle; {why}, so the CPU worker should be chosen, not {picked}",
         )
     release_all(target, [gpu_a, gpu_b])
+
+
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+)
+def test_device_aware_follows_a_rewritten_device_type(target: Target) -> None:
+    """A worker whose record now says ``cpu`` is weighed in the CPU group, and only there,
+    from then on."""
+    cpu = target.add_worker(device="cpu")
+    loaded, moved = target.add_worker(), target.add_worker()
+    book(target, loaded, 4)
+    for worker in (cpu, moved):
+        target.script_worker(worker, Serve())
+    before = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
+    target.set_device(moved, "cpu")
+    after = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
+    require(
+        "SEL-010",
+        (before, after) == (moved, cpu),
+        f"CPU worker {cpu} idle, non-CPU {loaded} with 4 open requests and {moved} idle: "
+        f"4 // (8 x 2) = 0 is not above the CPU load 0, so the least-loaded non-CPU worker "
+        f"{moved} should be picked; once {moved}'s record says cpu, 4 x 2 // (8 x 1) = 1 is, "
+        f"so the CPU group's lowest id {cpu} should be; the picks were {before} then {after}",
+    )
+    release_all(target, [loaded])
 
 
 def weighs_device_groups(target: Target, layout: tuple[str, ...], ratio: int) -> None:
