@@ -33,7 +33,10 @@ from routespec.conformance.scenario import (
 )
 from routespec.testing.target import (
     Capability,
+    ErrorSpec,
+    FailBeforeStream,
     Generate,
+    Migrate,
     Preselected,
     Serve,
     Stall,
@@ -510,6 +513,74 @@ def test_device_aware_follows_a_rewritten_device_type(target: Target) -> None:
         f"so the CPU group's lowest id {cpu} should be; the picks were {before} then {after}",
     )
     release_all(target, [loaded])
+
+
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.SCRIPT_FAILURES,
+    Capability.MIGRATION,
+)
+@pytest.mark.parametrize(("cpu_load", "load"), [(0, 7), (0, 8), (1, 15), (1, 16)])
+def test_device_aware_weighs_a_migrating_requests_untried_workers(
+    target: Target, cpu_load: int, load: int
+) -> None:
+    """A replacement attempt selects among the workers the request has not tried: the same
+    rule over that smaller set. Non-CPU ``failing`` (idle, fails before its stream) takes
+    the first attempt; then CPU ``cpu`` against non-CPU ``loaded``: the CPU group is chosen
+    while its load is under ``load`` x 1 // (8 x 1)."""
+    failing = target.add_worker()
+    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    cpu = target.add_worker(device="cpu")
+    loaded = target.add_worker()
+    book(target, cpu, cpu_load)
+    book(target, loaded, load)
+    for worker in (cpu, loaded):
+        target.script_worker(worker, Serve())
+    request = target.submit(Migrate(mode="device-aware-weighted", limit=1))
+    attempts = reached(target, request)
+    second = cpu if cpu_load < load // 8 else loaded
+    require_equal(
+        "SEL-010",
+        attempts,
+        [failing, second],
+        f"non-CPU {failing} idle, CPU {cpu} with {cpu_load} open requests, non-CPU {loaded} "
+        f"with {load}: the first attempt should go to {failing} ({cpu_load} is not under "
+        f"{load} // (8 x 2) = {load // 16}) and, once it failed, the second to {second} "
+        f"({cpu_load} against {load} // 8 = {load // 8}); the attempts reached {attempts}",
+    )
+    release_all(target, [cpu, loaded])
+
+
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.SCRIPT_FAILURES,
+    Capability.MIGRATION,
+)
+def test_device_aware_over_untried_workers_of_one_group(target: Target) -> None:
+    """When the untried workers are all CPU workers, there is no budget to weigh: the
+    least-loaded of them is chosen."""
+    failing = target.add_worker()
+    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    first_cpu, second_cpu = target.add_worker(device="cpu"), target.add_worker(device="cpu")
+    book(target, first_cpu, 1)
+    target.script_worker(first_cpu, Serve())
+    request = target.submit(Migrate(mode="device-aware-weighted", limit=1))
+    attempts = reached(target, request)
+    require_equal(
+        "SEL-010",
+        attempts,
+        [failing, second_cpu],
+        f"after non-CPU {failing} failed, only CPU workers {first_cpu} (1 open request) and "
+        f"{second_cpu} (idle) are untried: the second attempt should go to {second_cpu}; "
+        f"the attempts reached {attempts}",
+    )
+    release_all(target, [first_cpu])
 
 
 def weighs_device_groups(target: Target, layout: tuple[str, ...], ratio: int) -> None:
