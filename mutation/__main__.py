@@ -3,6 +3,7 @@
 python -m mutation run                          # every specified module (hours)
 python -m mutation run --module routing/selection.py --module routing/worker_sets.py
 python -m mutation run --sample 40 --seed 1     # the CI lane: prints the kill rate
+python -m mutation run --rerun-alive --module migration.py   # after adding checks
 python -m mutation report                       # rebuild report and page, run nothing
 """
 
@@ -34,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=1, help="the sample's seed (default 1)")
     run.add_argument(
         "--rerun", action="store_true", help="run mutants that already have a verdict again"
+    )
+    run.add_argument(
+        "--rerun-alive",
+        action="store_true",
+        help="run again the mutants no check has killed yet (after adding checks)",
     )
     run.add_argument(
         "--fail-under",
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             children=args.max_children,
             rerun=args.rerun,
+            rerun_alive=args.rerun_alive,
             out=out,
         )
         result = campaign.execute(plan)

@@ -29,6 +29,7 @@ class Plan:
     children: int
     rerun: bool
     out: Path
+    rerun_alive: bool = False  # run again what no check killed yet (after adding checks)
 
 
 def _glob(module: str) -> str:
@@ -81,7 +82,12 @@ def execute(plan: Plan) -> dict[str, Any]:
             n
             for n in candidates
             if all(lane[n].status in ALIVE for lane in lanes.values())
-            and (rerun or current.get(n) is None or current[n].status == "not checked")
+            and (
+                rerun
+                or current.get(n) is None
+                or current[n].status == "not checked"
+                or (plan.rerun_alive and current[n].status in ALIVE)
+            )
         ]
         if todo:
             print(f"{adapter}: {len(todo)} mutants", flush=True)

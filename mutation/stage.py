@@ -26,6 +26,7 @@ PACKAGE_DIRS = {  # the pyproject's [tool.setuptools.package-dir], as staged pat
 }
 SKIP_PARTS = {"__pycache__", ".hypothesis", ".pytest_cache", ".mypy_cache"}
 PROFILE = "mutation"
+STATS = "mutmut-stats.json"  # mutmut's map from tests to the functions they reach
 
 CONFTEST = f'''"""Written by mutation/stage.py: the bounded profile, derandomized, with no
 example database, so a mutant's verdict depends on no seed and no earlier run."""
@@ -91,10 +92,12 @@ def _plugin_installed() -> bool:
     return any(ep.value == "routespec.conformance.plugin" for ep in entry_points(group="pytest11"))
 
 
-def _sync_tree(source: Path, target: Path) -> set[Path]:
+def _sync_tree(source: Path, target: Path) -> tuple[set[Path], bool]:
     """Copy ``source`` into ``target``, keeping mtimes (mutmut regenerates a file's mutants
-    only when its source is newer); returns the relative paths present."""
+    only when its source is newer); returns the relative paths present, and whether any
+    file was copied."""
     present: set[Path] = set()
+    copied = False
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
         if path.is_dir() or SKIP_PARTS & set(relative.parts):
@@ -105,21 +108,30 @@ def _sync_tree(source: Path, target: Path) -> set[Path]:
             continue
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, destination)
-    return present
+        copied = True
+    return present, copied
 
 
 def stage(directory: Path, adapter: str) -> Path:
     """Write the stage for ``adapter`` into ``directory`` and return it."""
     src = directory / "src" / "routespec"
     present: set[Path] = set()
+    changed = False
     for subpackage, source in PACKAGE_DIRS.items():
         target = src / subpackage if subpackage else src
         prefix = Path(subpackage) if subpackage else Path()
-        present |= {prefix / p for p in _sync_tree(source, target)}
+        synced, copied = _sync_tree(source, target)
+        present |= {prefix / p for p in synced}
+        changed |= copied
     for stale in [p for p in src.rglob("*") if p.is_file()]:
         relative = stale.relative_to(src)
         if relative not in present and not SKIP_PARTS & set(relative.parts):
             stale.unlink()
+            changed = True
+    if changed:
+        # mutmut maps only new tests to the functions they reach; a changed check, adapter
+        # or source can reach other functions, so the whole map is collected again
+        (directory / "mutants" / STATS).unlink(missing_ok=True)
     _write_if_changed(directory / "pyproject.toml", pyproject(adapter))
     _write_if_changed(directory / "conftest.py", CONFTEST)
     _refresh_mutants_copy(directory, present)

@@ -109,6 +109,18 @@ def test_the_stage_is_the_wheel_layout(tmp_path: Path) -> None:
     assert 'do_not_mutate = ["src/routespec/discovery/etcd_store.py"]' in config
 
 
+def test_a_changed_tree_makes_mutmut_map_its_tests_again(tmp_path: Path) -> None:
+    staged = stage.stage(tmp_path / "reference", "reference")
+    stats = staged / "mutants" / stage.STATS
+    stats.parent.mkdir(parents=True)
+    stats.write_text("{}")
+    stage.stage(tmp_path / "reference", "reference")
+    assert stats.exists(), "an unchanged tree keeps the map"
+    (staged / "src" / "routespec" / "routing" / "selection.py").write_text("# edited\n")
+    stage.stage(tmp_path / "reference", "reference")
+    assert not stats.exists(), "a file the stage had to copy again drops the map"
+
+
 def test_the_summary_and_the_page_show_requirement_coverage(tmp_path: Path) -> None:
     built = _build("killed", {})
     summary = report.summary(built)
