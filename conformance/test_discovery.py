@@ -539,6 +539,25 @@ def test_a_positive_ttl_is_accepted(target: Target, ttl: float) -> None:
     )
 
 
+@covers("DSC-011")
+@requires(STORE)
+def test_a_file_store_directory_may_hold_a_colon(target: Target) -> None:
+    """``file:DIR``: everything after the first colon is the directory, colons included."""
+    store = target.open_discovery()
+    address = store.address()
+    if not address.startswith("file:"):
+        pytest.skip(f"the target's store is {address!r}, not a file store")
+    nested = f"{address}/a:b"  # a directory still to be made, under an existing one
+    named = store.refusal(nested, 10.0)
+    require_compare(
+        "DSC-011",
+        named,
+        "is",
+        None,
+        f"{nested!r} names a directory whose name holds a colon; it was refused naming {named!r}",
+    )
+
+
 # --- DSC-012: reports and lists ---
 
 
