@@ -351,9 +351,9 @@ def released_many(
             stream = accept(listener)
             if stream is None:
                 pytest.fail(f"setup: worker {worker} dialled back fewer than {per_listener} times")
-            subject = handshake(stream).get("subject")
+            introduced = handshake(stream).get("subject")
             read_to_sentinel(stream)
-            by_subject[str(subject)] = stream
+            by_subject[str(introduced)] = stream
     ordered = [by_subject[f"s{i}-{n}"] for i in range(len(listeners)) for n in range(per_listener)]
     for stream in ordered:
         stream.sendall(frame(RELEASE))

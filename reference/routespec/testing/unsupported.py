@@ -36,6 +36,9 @@ class Unsupported:
     def vanish_worker(self, worker_id: int) -> None:
         _lacks(Capability.VANISH_WORKER)
 
+    def set_device(self, worker_id: int, device: str) -> None:
+        _lacks(Capability.DEVICE_TYPES)
+
     def add_worker_process(self, script: WorkerScript) -> int:
         _lacks(Capability.KILL_WORKER_PROCESS)
 
