@@ -93,9 +93,12 @@ def _plugin_installed() -> bool:
 
 
 def _sync_tree(source: Path, target: Path) -> tuple[set[Path], bool]:
-    """Copy ``source`` into ``target``, keeping mtimes (mutmut regenerates a file's mutants
-    only when its source is newer); returns the relative paths present, and whether any
-    file was copied."""
+    """Copy into ``target`` the files of ``source`` that differ from it; returns the
+    relative paths present, and whether any file was copied.
+
+    mutmut regenerates a file's mutants only when its source is newer than them, so a copied
+    file is stamped with the time of the copy: its own mtime (the edit) can be older than
+    mutants generated from an earlier version."""
     present: set[Path] = set()
     copied = False
     for path in sorted(source.rglob("*")):
@@ -107,7 +110,7 @@ def _sync_tree(source: Path, target: Path) -> tuple[set[Path], bool]:
         if destination.exists() and filecmp.cmp(path, destination, shallow=False):
             continue
         destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, destination)
+        shutil.copyfile(path, destination)  # its mtime is now: newer than any mutants
         copied = True
     return present, copied
 

@@ -3,6 +3,7 @@ when an equivalent entry stops counting, and what the stage mutates."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -116,9 +117,15 @@ def test_a_changed_tree_makes_mutmut_map_its_tests_again(tmp_path: Path) -> None
     stats.write_text("{}")
     stage.stage(tmp_path / "reference", "reference")
     assert stats.exists(), "an unchanged tree keeps the map"
-    (staged / "src" / "routespec" / "routing" / "selection.py").write_text("# edited\n")
+    copy = staged / "src" / "routespec" / "routing" / "selection.py"
+    copy.write_text("# edited\n")
+    os.utime(copy, (0, 0))
+    mutants = staged / "mutants" / "src" / "routespec" / "routing" / "selection.py"
+    mutants.parent.mkdir(parents=True)
+    mutants.write_text("# mutants of an earlier version\n")
     stage.stage(tmp_path / "reference", "reference")
     assert not stats.exists(), "a file the stage had to copy again drops the map"
+    assert copy.stat().st_mtime > mutants.stat().st_mtime, "mutmut must see it as newer"
 
 
 def test_the_summary_and_the_page_show_requirement_coverage(tmp_path: Path) -> None:
