@@ -311,6 +311,30 @@ def test_the_longer_cached_prefix_wins(target: Target, shorter: int) -> None:
     )
 
 
+@covers("KVS-002")
+@requires(HOST, Capability.SCRIPT_STALL)
+def test_decode_load_adds_up_over_a_workers_open_requests(target: Target) -> None:
+    """Two open requests of 2 blocks on one worker weigh 4 blocks, more than one of 3
+    blocks on the other."""
+    twice, once = workers(target, 2, Stall(0))
+    host = host_of(target, "KVS-002", KV)
+    for tokens in ([1, 2, 3, 4], [5, 6, 7, 8]):
+        host.route(route(tokens, backend_instance_id=twice))
+    host.route(route([9] * 6, backend_instance_id=once))
+    query = [20, 21]
+    picks = set(previews(host, query, 10, "KVS-002"))
+    require_equal(
+        "KVS-002",
+        picks,
+        {once},
+        f"worker {twice} holds two open requests of 2 blocks (4 decode blocks), worker {once} "
+        f"one of 3; neither caches {query}, so {once} costs less and 10 previews should "
+        f"choose only it; they chose {sorted(picks)}",
+    )
+    target.release_stalled(twice)
+    target.release_stalled(once)
+
+
 # --- KVS-003, KVS-004 ---
 
 

@@ -237,6 +237,7 @@ def next_stream(
 @pytest.mark.parametrize("age", [19.5, 20.0], ids=["under-20s", "at-20s"])
 def test_a_released_connection_is_used_for_less_than_20_s(target: Target, age: float) -> None:
     worker = target.add_worker()
+    target.advance_time(10.0)  # released at 10 s, not at the clock's start: its age is a span
     with listening() as listener, released(target, worker, listener) as kept:
         target.advance_time(age)
         if age < 20.0:
@@ -338,26 +339,30 @@ def test_a_reused_connection_needs_a_release_of_its_own(target: Target) -> None:
 
 
 def released_many(
-    target: Target, worker: int, listeners: list[socket.socket], per_listener: int
+    target: Target, worker: int, listeners: list[socket.socket], counts: list[int]
 ) -> list[socket.socket]:
-    """``per_listener`` streams to each listener, in turn, read to their sentinels and then
-    released one at a time, in the order returned (the run settled after each release)."""
+    """``counts[i]`` streams to ``listeners[i]``, read to their sentinels, then released
+    listener by listener, one at a time and in the order returned, the run settled after
+    each release and the clock a millisecond on after each listener's: a listener's
+    connections are released later than the previous listener's."""
     by_subject: dict[str, socket.socket] = {}
-    for index, listener in enumerate(listeners):
+    for index, (listener, count) in enumerate(zip(listeners, counts, strict=True)):
         port = listener.getsockname()[1]
-        subjects = [f"s{index}-{n}" for n in range(per_listener)]
-        for subject in subjects:
+        for subject in (f"s{index}-{n}" for n in range(count)):
             target.send_raw(worker, request(target.worker_path(worker), port, subject, offer=True))
             stream = accept(listener)
             if stream is None:
-                pytest.fail(f"setup: worker {worker} dialled back fewer than {per_listener} times")
+                pytest.fail(f"setup: worker {worker} dialled back fewer than {count} times")
             introduced = handshake(stream).get("subject")
             read_to_sentinel(stream)
             by_subject[str(introduced)] = stream
-    ordered = [by_subject[f"s{i}-{n}"] for i in range(len(listeners)) for n in range(per_listener)]
-    for stream in ordered:
-        stream.sendall(frame(RELEASE))
-        target.advance_time(0.0)
+    ordered: list[socket.socket] = []
+    for index, count in enumerate(counts):
+        for n in range(count):
+            ordered.append(by_subject[f"s{index}-{n}"])
+            ordered[-1].sendall(frame(RELEASE))
+            target.advance_time(0.0)
+        target.advance_time(0.001)
     return ordered
 
 
@@ -374,30 +379,39 @@ def open_descriptors(wanted: int) -> None:
 @covers("TRN-030")
 @requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.MOCK_CLOCK)
 @pytest.mark.parametrize(
-    ("addresses", "per_address"),
-    [(1, 64), (1, 65), (16, 64), (17, 64)],
-    ids=["address-at-bound", "address-past-bound", "total-at-bound", "total-past-bound"],
+    "counts",
+    [[64], [65], [64] * 16, [64] * 16 + [1], [64] * 15 + [63, 1, 1]],
+    ids=[
+        "address-at-bound",
+        "address-past-bound",
+        "total-at-bound",
+        "total-past-bound",
+        "total-past-bound-uneven",
+    ],
 )
-def test_released_connections_are_kept_up_to_the_bounds(
-    target: Target, addresses: int, per_address: int
-) -> None:
+def test_released_connections_are_kept_up_to_the_bounds(target: Target, counts: list[int]) -> None:
     """64 per response address and 1,024 in all are kept; one more closes the connection
-    released first. (With 17 addresses the last holds one, as the 1,025th.)"""
-    open_descriptors(4 * (addresses * per_address + 64))
+    released longest ago. The addresses are released from the highest to the lowest (as
+    text), so the longest-released is neither the lowest address nor one that holds a
+    single connection; in the uneven case one address holds a single connection when the
+    pool is full."""
+    total = sum(counts)
+    open_descriptors(4 * (total + 64))
     worker = target.add_worker()
-    listeners = [listening() for _ in range(addresses)]
+    listeners = sorted(
+        (listening() for _ in counts),
+        key=lambda listener: f"{PEER}:{listener.getsockname()[1]}",
+        reverse=True,
+    )
     streams: list[socket.socket] = []
     try:
-        streams = released_many(target, worker, listeners[: addresses - 1], per_address)
-        streams += released_many(
-            target, worker, listeners[addresses - 1 :], 1 if addresses == 17 else per_address
-        )
+        streams = released_many(target, worker, listeners, counts)
         closed = [n for n, stream in enumerate(streams) if readable(stream)]
-        expected = [0] if len(streams) in (65, 1025) else []
+        expected = [0] if total in (65, 1025) else []
         require(
             "TRN-030",
             closed == expected,
-            f"{len(streams)} connections released to worker {worker} over {addresses} "
+            f"{total} connections released to worker {worker} over {len(counts)} "
             f"address(es); it should close {'the first released' if expected else 'none'}, "
             f"it closed those released {[n + 1 for n in closed]}th",
         )

@@ -830,6 +830,11 @@ class FrontendTarget(Unsupported):
         call = pending.call
         if not call.done.is_set():
             return None
+        if call.error is None:
+            # A worker served the answer, and its reports (delivered, ended) travel on its
+            # own pipe, apart from the HTTP response: on a loaded machine they can arrive
+            # after it, so wait for them before the suite reads the dispatch log.
+            self.wait_for(lambda: bool(pending.rids) and pending.rids <= self.ended, SETTLE_LIMIT)
         error = call.error
         if error is not None and not error.pre_stream and pending.books:
             unreachable(
