@@ -93,6 +93,18 @@ def closing_bytes(stream: socket.socket) -> bytes | None:
     return None
 
 
+def require_closed(requirement: str, stream: socket.socket, expectation: str) -> None:
+    """The worker closes ``stream`` (``WAIT`` real seconds at most) without writing on it;
+    ``expectation`` says what it should do, for the failure message."""
+    late = closing_bytes(stream)
+    require(
+        requirement,
+        late == b"",
+        f"{expectation}, "
+        + ("it was still open" if late is None else f"but it wrote {late[:80]!r} on it"),
+    )
+
+
 def accept(listener: socket.socket) -> socket.socket | None:
     listener.settimeout(WAIT)
     try:
@@ -189,13 +201,11 @@ def test_a_connection_not_released_carries_no_other_stream(
                 )
                 if Capability.MOCK_CLOCK in adapter.capabilities:
                     target.advance_time(1.0)  # the release window TRN-028 allows
-                late = closing_bytes(stream)
-                require(
+                require_closed(
                     "TRN-028",
-                    late == b"",
-                    f"worker {worker} should close the first stream's connection, which the "
-                    f"caller never released, within 1 s of its sentinel; "
-                    + ("it was still open" if late is None else f"it wrote {late[:80]!r} on it"),
+                    stream,
+                    f"worker {worker} should close the first stream's connection, which the caller "
+                    "never released, within 1 s of its sentinel",
                 )
 
 
@@ -250,12 +260,10 @@ def test_a_released_connection_is_used_for_less_than_20_s(target: Target, age: f
                 f" as {found}",
             )
             return
-        late = closing_bytes(kept)
-        require(
+        require_closed(
             "TRN-031",
-            late == b"",
-            f"worker {worker} should close a connection released {age} s ago within 1 s, "
-            + ("it was still open" if late is None else f"but it wrote {late[:80]!r} on it"),
+            kept,
+            f"worker {worker} should close a connection released {age} s ago within 1 s",
         )
         on_kept, found = next_stream(target, worker, listener, kept, "second")
         require(
@@ -284,13 +292,11 @@ def test_a_released_connection_the_caller_touched_is_not_used(
         target.advance_time(0.0)
         if first == "a-second-passes":
             target.advance_time(1.0)
-            late = closing_bytes(kept)
-            require(
+            require_closed(
                 "TRN-031",
-                late == b"",
+                kept,
                 f"the caller {then} on its released connection; worker {worker} should close "
-                f"it within 1 s, "
-                + ("it was still open" if late is None else f"but it wrote {late[:80]!r}"),
+                "it within 1 s",
             )
         on_kept, found = next_stream(target, worker, listener, kept, "second")
         require(
@@ -328,13 +334,11 @@ def test_a_reused_connection_needs_a_release_of_its_own(target: Target) -> None:
             f"{'on it' if on_kept else 'as'} {found}",
         )
         target.advance_time(1.0)
-        late = closing_bytes(kept)
-        require(
+        require_closed(
             "TRN-028",
-            late == b"",
+            kept,
             f"worker {worker} should close the second stream's connection, which the caller "
-            "never released, within 1 s of its sentinel; "
-            + ("it was still open" if late is None else f"it wrote {late[:80]!r} on it"),
+            "never released, within 1 s of its sentinel",
         )
 
 
