@@ -285,10 +285,10 @@ class ReferenceTarget:
                     ),
                     portal.nursery,
                 ),
-                fault_detection=config.fault_detection,
                 rng=random.Random(config.seed),
                 load_thresholds=thresholds_of(config.load_thresholds),
                 **set_only(
+                    fault_detection=config.fault_detection,
                     inhibited_duration=config.inhibited_duration,
                     device_ratio=config.device_ratio,
                 ),

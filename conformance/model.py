@@ -95,7 +95,7 @@ class RouterModel:
             SPEC_INHIBITED_DURATION
             if config.inhibited_duration is None
             else config.inhibited_duration,
-            config.fault_detection,
+            config.fault_detection is not False,  # FLT-009: on unless turned off
             SPEC_DEVICE_RATIO if config.device_ratio is None else config.device_ratio,
         )
 

@@ -53,11 +53,37 @@ def inotify_instances(pid: int) -> int:
         return 0
 
 
+def user_inotify_instances() -> int:
+    """The inotify instances every process of this user holds: the kernel's limit is per
+    user, and frontends, workers and whatever else the user runs share it."""
+    uid = os.getuid()
+    total = 0
+    for process in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if process.name.isdigit() and process.stat().st_uid == uid:
+                total += inotify_instances(int(process.name))
+    return total
+
+
+def inotify_limit() -> int:
+    try:
+        return int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    except (OSError, ValueError):
+        return 128
+
+
 INOTIFY_BUDGET = 20
 """A frontend opens an inotify instance for each model it discovers and keeps it after the
 model is unregistered (observed on 1.6.1: 75 instances after ~60 checks), and the kernel's
 default limit is 128 per user: a frontend holding more than this is replaced between
 checks."""
+
+INOTIFY_HEADROOM = 64
+"""What one check may add before the next recycling (seen: +19 within one migration machine
+run, 8 frontends alive): between checks, frontends are replaced (those holding most first)
+until the user's total is this far under the kernel's limit.
+Past the limit a frontend fails to start, or fails to watch a model's instances and routes
+nothing to them (seen in CI: "Too many open files (os error 24)" at startup)."""
 
 
 def free_port() -> int:
@@ -337,12 +363,21 @@ class Deployment:
         self.spares.extend(workers)
 
     def recycle(self) -> None:
-        """Between checks: replace frontends that hold too many inotify instances."""
+        """Between checks: replace frontends that hold too many inotify instances, each on
+        its own or together with everything else this user runs."""
         with self._lock:
-            for key, frontend in list(self._frontends.items()):
-                if inotify_instances(frontend.process.pid) > INOTIFY_BUDGET:
-                    frontend.close()
-                    del self._frontends[key]
+            held = {
+                key: inotify_instances(frontend.process.pid)
+                for key, frontend in self._frontends.items()
+            }
+            for key in [key for key, count in held.items() if count > INOTIFY_BUDGET]:
+                self._frontends.pop(key).close()
+                del held[key]
+            ceiling = inotify_limit() - INOTIFY_HEADROOM
+            while held and user_inotify_instances() > ceiling:
+                key = max(held, key=held.__getitem__)
+                self._frontends.pop(key).close()
+                del held[key]
 
     def close(self) -> None:
         for frontend in self._frontends.values():
@@ -381,6 +416,7 @@ class WorkerProcess:
         self.used = False  # a model was served, a script sent, or it was killed or removed
         self.served: dict[str, str | None] = {}  # endpoint -> None (served) or its refusal
         self.loras: dict[str, str | None] = {}  # LoRA -> None (registered) or its refusal
+        self.pongs = 0  # the last ping answered: every report before it has been read
         self._changed = changed
         self._report = report
         self._log = (shared.root / f"worker-{os.getpid()}-{id(self)}.log").open("w")
@@ -422,6 +458,8 @@ class WorkerProcess:
                     self.loras.pop(str(message["lora"]), None)
                 elif op == "lora-failed":
                     self.loras[str(message["lora"])] = str(message["error"])
+                elif op == "pong":
+                    self.pongs = int(message["n"])
                 if self._report is not None:
                     self._report(self, message)
                 self._changed.notify_all()

@@ -36,6 +36,7 @@ from routespec.adapters.dynamo_frontend.deployment import (
     Frontend,
     WorkerProcess,
     refusal_to_start,
+    user_inotify_instances,
 )
 from routespec.adapters.dynamo_frontend.http_client import (
     CompletionRequest,
@@ -178,6 +179,7 @@ def encode_script(script: WorkerScript) -> dict[str, object]:
             "items": script.items,
             "finish": script.finish,
             "stall": script.stall,
+            "items_after": script.items_after,
             "error": None if script.error is None else encode_error(script.error),
         }
     if isinstance(script, TerminalFlood):
@@ -256,6 +258,7 @@ class Pending:
     bare: bool = False  # a bare call: its items are the suite's convention, not tokens
     rids: set[str] = attrs.field(factory=set)
     outcome: Outcome | None = None
+    flushed: bool = False  # every worker's reports up to its end have been read
 
 
 class FrontendTarget(Unsupported):
@@ -290,6 +293,7 @@ class FrontendTarget(Unsupported):
         self.loaded: set[str] = set()
         self._ids = itertools.count(1)
         self._requests = itertools.count(1)
+        self._pings = itertools.count(1)
         self._generation_numbers = itertools.count(1)
 
     # --- workers ---
@@ -315,6 +319,16 @@ class FrontendTarget(Unsupported):
             self.ended.add(rid)
             self.ended_n[rid] = self.ended_n.get(rid, 0) + 1
             self.last_how[rid] = str(message.get("how"))
+
+    def _flush_reports(self) -> None:
+        """Read every report the workers wrote so far: each answers a ping on the same pipe,
+        after them. An attempt that failed on a slow worker process is reported there, and
+        its report can trail the HTTP answer another worker completed."""
+        number = next(self._pings)
+        alive = [worker for worker in self.workers.values() if worker.alive()]
+        for worker in alive:
+            worker.send({"op": "ping", "n": number})
+        self.wait_for(lambda: all(w.pongs >= number or not w.alive() for w in alive), SETTLE_LIMIT)
 
     def wait_for(self, condition: Any, limit: float = WAIT_LIMIT) -> bool:
         deadline = time.monotonic() + limit
@@ -364,7 +378,7 @@ class FrontendTarget(Unsupported):
         return text
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
-        if not self.config.fault_detection and fails(script):
+        if self.config.fault_detection is False and fails(script):
             unreachable(
                 "fault detection cannot be turned off: the 1.6.1 frontend locally inhibits a "
                 "worker that failed a request for ~5 s, and no flag or router setting disables it"
@@ -835,6 +849,15 @@ class FrontendTarget(Unsupported):
             # own pipe, apart from the HTTP response: on a loaded machine they can arrive
             # after it, so wait for them before the suite reads the dispatch log.
             self.wait_for(lambda: bool(pending.rids) and pending.rids <= self.ended, SETTLE_LIMIT)
+        if not pending.flushed:
+            self._flush_reports()
+            pending.flushed = True
+        if call.error is None and not pending.rids:
+            raise RuntimeError(
+                f"adapter fault: the frontend answered {request_id} ({len(call.items)} "
+                f"items), yet no worker reported receiving it within {SETTLE_LIMIT} s; "
+                f"inotify instances held by this user: {user_inotify_instances()}"
+            )
         error = call.error
         if error is not None and not error.pre_stream and pending.books:
             unreachable(

@@ -214,6 +214,8 @@ class Worker:
                 yield item(index)
         if kind == "terminal-then":
             yield {"token_ids": [], "finish_reason": script.get("finish", "cancelled")}
+            for index in range(first, first + int(script.get("items_after", 0))):
+                yield {"token_ids": [data_token(self.name, index) if bare else prompt + index]}
             if script.get("stall"):
                 emit({"op": "stalled", "rid": rid, "sent": self.sent.get(rid, 0)})
                 await self.wait(release, context)
@@ -316,6 +318,8 @@ class Worker:
         elif op == "unload":
             self.unload.set()
             self.unload = asyncio.Event()
+        elif op == "ping":  # answered after every report written before it
+            emit({"op": "pong", "n": command["n"]})
         elif op == "quit":
             return False
         return True

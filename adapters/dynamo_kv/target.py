@@ -158,7 +158,7 @@ class KvTarget(Unsupported):
         return text
 
     def script_worker(self, worker_id: int, script: WorkerScript) -> None:
-        if not self.config.fault_detection and isinstance(
+        if self.config.fault_detection is False and isinstance(
             script, (FailBeforeStream, FailMidStream)
         ):
             unreachable(

@@ -134,6 +134,8 @@ class ScriptedWorker:
                 yield self._item(request, index, tokens, last=index == total - 1)
         if isinstance(script, TerminalThen):
             yield self._terminal(request_id, script.finish)
+            for index in range(first, first + script.items_after):
+                yield self._item(request, index, tokens, last=False)
             if script.stall:
                 await self._stall(request_id, release)
             if script.error is not None:

@@ -174,14 +174,15 @@ class CancelThenFail:
 
 @attrs.frozen
 class TerminalThen:
-    """Yield ``items`` data items, then a terminal frame with ``finish_reason`` ``finish``;
-    then, if ``stall``, wait until released; then one error item if ``error`` is given;
-    then end the stream."""
+    """Yield ``items`` data items, then a terminal frame with ``finish_reason`` ``finish``,
+    then ``items_after`` more data items (no finish reason); then, if ``stall``, wait until
+    released; then one error item if ``error`` is given; then end the stream."""
 
     items: int = 0
     finish: str = "cancelled"
     stall: bool = False
     error: ErrorSpec | None = None
+    items_after: int = 0
 
 
 @attrs.frozen
@@ -469,11 +470,12 @@ class LoadReport:
 class TargetConfig:
     """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C). A setting
     left ``None`` keeps the implementation's own default, so the checks that leave it so
-    judge the default the spec states (FLT-001's 5 s, SEL-010's ratio 8)."""
+    judge the default the spec states (FLT-001's 5 s, SEL-010's ratio 8, FLT-009's fault
+    detection on)."""
 
     seed: int = 0
     inhibited_duration: float | None = None
-    fault_detection: bool = True
+    fault_detection: bool | None = None
     device_ratio: int | None = None
     timeouts: Timeouts = Timeouts()
     load_thresholds: LoadThresholds = LoadThresholds()  # none set (Capability.REPORT_LOAD)
