@@ -234,32 +234,37 @@ def test_inhibition_counts_from_the_last_report(target: Target) -> None:
     )
 
 
-@covers("FLT-002")
+@covers("FLT-002", "FLT-003")
 @requires(
     Capability.CONFIGURE_INHIBITION,
     Capability.REPORT_DOWN,
     Capability.OBSERVE_WORKER_SETS,
     Capability.MOCK_CLOCK,
 )
-def test_a_configured_duration_is_honoured(open_target: OpenTarget) -> None:
-    with open_target(TargetConfig(inhibited_duration=2.0)) as target:
+@pytest.mark.parametrize("duration", [2.0, 1.0, 0.5])
+def test_a_configured_duration_is_honoured(open_target: OpenTarget, duration: float) -> None:
+    """Any positive duration inhibits for that long: only 0 disables it (FLT-003), so a
+    duration of a second or under one is honoured as a longer one is."""
+    with open_target(TargetConfig(inhibited_duration=duration)) as target:
         worker = target.add_worker()
         target.report_down(worker)
-        target.advance_time(1.5)
+        target.advance_time(duration * 0.75)
         require_compare(
             "FLT-002",
             worker,
             "not in",
             target.worker_sets().routable,
-            f"with a 2 s inhibition, worker {worker} is routable 1.5 s after being reported down",
+            f"with a {duration} s inhibition, worker {worker} is routable "
+            f"{duration * 0.75} s after being reported down",
         )
-        target.advance_time(0.5)
+        target.advance_time(duration * 0.25)
         require_compare(
             "FLT-002",
             worker,
             "in",
             target.worker_sets().routable,
-            f"with a 2 s inhibition, worker {worker} is not routable 2 s after being reported down",
+            f"with a {duration} s inhibition, worker {worker} is not routable {duration} s "
+            f"after being reported down",
         )
 
 

@@ -21,6 +21,7 @@ from routespec.conformance.host import ended, host_of, planned, refused_at_const
 from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import reached, shows_outer, tokens
 from routespec.testing.target import (
+    Adapter,
     CancelThenFail,
     Capability,
     ErrorSpec,
@@ -848,6 +849,38 @@ def test_lora_filtering_conflicts_are_refused_at_construction(
 def test_lora_filtering_works_with_round_robin_and_random(target: Target, policy: str) -> None:
     built = target.open_host(HostConfig(policy=policy, lora=True))
     require_false("HST-019", isinstance(built, ObservedError), f"{policy} + LoRA refused: {built}")
+
+
+# --- DSP-012 through the host ---
+
+
+@covers("DSP-012", "DSP-010", "HST-002")
+@requires(HOST, Capability.VANISH_WORKER, Capability.SCRIPT_STALL)
+def test_a_host_fallback_moves_the_booking(target: Target, adapter: Adapter) -> None:
+    """Least-loaded picks the lower id of two idle workers; that one has lost its transport
+    record, so the dispatch falls back to the other, and the booking goes with it."""
+    vanished, serving = workers(target, 2, Stall())
+    target.vanish_worker(vanished)
+    host = host_of(target, "DSP-012", HostConfig(policy="least-loaded"))
+    request = host.route(HostRoute(tokens=(0, 0), max_tokens=4))
+    require(
+        "DSP-012",
+        reached(target, request) == [serving] and host.bookings() == {serving: 1},
+        f"worker {vanished} vanished: the request should reach {serving}, booked there; "
+        f"reached {reached(target, request)}, bookings {host.bookings()}",
+    )
+    if Capability.OBSERVE_PREPARED_TARGET in adapter.capabilities:
+        prepared = [d.prepared_for for d in target.dispatch_log() if d.request_id == request]
+        require_equal(
+            "DSP-010", prepared, [serving], f"the host's request was prepared for {prepared}"
+        )
+    target.release_stalled(serving)
+    outcome, _ = ended(target, request, "DSP-012")
+    require(
+        "HST-002",
+        outcome.error is None and not any(host.bookings().values()),
+        f"the request ended {outcome}; bookings left: {host.bookings()}",
+    )
 
 
 # --- HST-020: migration over the host ---

@@ -280,6 +280,43 @@ def test_the_drain_deadline_delivers_the_withheld_terminal(target: Target, polic
     target.release_stalled(worker)
 
 
+@covers("MON-001", "MON-004", "MON-007")
+@requires(HOST, Capability.SCRIPT_STALL, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("end", ["released", "stopped"])
+@pytest.mark.parametrize("policy", BOOKING_POLICIES)
+def test_a_healthy_item_ends_the_drain(target: Target, policy: str, end: str) -> None:
+    """A healthy item after a withheld terminal releases it ahead of itself and ends the
+    drain: the window bounds a drain only, so a later silence keeps the stream open, and
+    the stream ends when the worker does or when the client stops it."""
+    script = TerminalThen(items=1, finish="cancelled", items_after=2, stall=True)
+    (worker,) = workers(target, 1, script)
+    host = host_of(target, "MON-001", HostConfig(policy=policy))
+    request = host.route(ROUTE)
+    target.advance_time(DRAIN_WINDOW * 2)
+    require(
+        "MON-004",
+        target.outcome(request) is None and booked(host) == {worker: 1},
+        f"the items after the cancelled frame ended its drain: {2 * DRAIN_WINDOW} s of "
+        f"silence later the stream should still be open and booked; outcome "
+        f"{target.outcome(request)}, bookings {booked(host)}",
+    )
+    if end == "stopped":
+        host.stop(request)
+    else:
+        target.release_stalled(worker)
+    outcome, _ = ended(target, request, "MON-001")
+    target.release_stalled(worker)
+    require(
+        "MON-001",
+        finishes(outcome) == [None, "cancelled", None, None]
+        and tokens(outcome) == EXPECTED[:3]
+        and outcome.error is None,
+        f"a cancelled frame, then two healthy items: the caller should read one item, the "
+        f"frame, then the two items, in order; got {outcome}",
+    )
+    require_false("MON-007", booked(host), f"bookings left once {end}: {booked(host)}")
+
+
 @covers("MON-004")
 @requires(HOST, Capability.SCRIPT_FAILURES, Capability.SCRIPT_STALL, Capability.MOCK_CLOCK)
 def test_an_error_inside_the_drain_window_reaches_the_caller(target: Target) -> None:

@@ -11,7 +11,7 @@ from typing import Literal
 import pytest
 
 from routespec.conformance import oracle
-from routespec.conformance.checks import covers, require, require_equal, requires
+from routespec.conformance.checks import covers, require, require_compare, require_equal, requires
 from routespec.conformance.scenario import finished, loads, reached, shows, spec_of, tokens
 from routespec.testing.target import (
     CancelThenFail,
@@ -26,6 +26,7 @@ from routespec.testing.target import (
     Serve,
     Stall,
     Target,
+    TerminalThen,
     WorkerScript,
 )
 
@@ -166,6 +167,59 @@ def test_attempts_are_bounded_and_never_repeat_a_worker(target: Target, limit: i
         len(attempts),
         f"an attempt went back to a worker that had failed the request: {attempts}",
     )
+
+
+# A migratable failure that neither inhibits nor marks its worker overloaded (FLT-001,
+# FLT-004; before the stream it would be wrapped in an inhibiting CannotConnect, TRN-005):
+# the failed worker stays free, so only the exclusion keeps attempts off it.
+STAYS_FREE = FailMidStream(1, ErrorSpec("Backend(Disconnected)"))
+
+
+@covers("MIG-010", "DSP-006")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.VANISH_WORKER)
+def test_a_migrating_fallback_never_returns_to_a_failed_worker(target: Target) -> None:
+    """The only untried worker has lost its transport record: a transport fallback for a
+    migrating request stays inside its untried workers, so none qualifies (DSP-008) and the
+    original error item stands (MIG-008)."""
+    (failing,) = cluster(target, STAYS_FREE)
+    vanished = target.add_worker()
+    target.vanish_worker(vanished)
+    request = target.submit(Migrate(mode="round-robin", limit=3))
+    outcome = finished(target, request, "MIG-010")
+    require(
+        "MIG-010",
+        deliveries(target, request) == [failing]
+        and tokens(outcome) == EXPECTED[:1]
+        and outcome.error is not None
+        and not outcome.error.pre_stream
+        and shows(outcome.error, ("Backend(Disconnected)",)),
+        f"worker {failing} failed the request after a token and {vanished} vanished: "
+        f"expected one attempt, on {failing}, and its error item; reached "
+        f"{deliveries(target, request)}, got {outcome}",
+    )
+
+
+@covers("DSP-005", "MIG-010")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.VANISH_WORKER)
+def test_a_migrating_attempt_falls_back_to_an_untried_worker(target: Target) -> None:
+    """Whichever worker round-robin picks for a replacement attempt, a vanished one falls
+    back to the untried worker that serves: every request completes with one retry."""
+    failing, serving = cluster(target, STAYS_FREE, Serve())
+    vanished = target.add_worker()
+    target.vanish_worker(vanished)
+    for _ in range(6):
+        request = target.submit(Migrate(mode="round-robin", limit=1))
+        outcome = finished(target, request, "DSP-005")
+        attempts = deliveries(target, request)
+        require(
+            "DSP-005",
+            outcome.error is None and tokens(outcome) == EXPECTED and attempts[-1:] == [serving],
+            f"workers: {failing} fails, {vanished} vanished, {serving} serves; a request with "
+            f"one retry reached {attempts} and ended {outcome}",
+        )
+        require_compare(
+            "MIG-010", failing, "not in", attempts[1:], f"the retries went back: {attempts}"
+        )
 
 
 @covers("MIG-012")
@@ -438,6 +492,27 @@ def test_a_terminal_frame_no_migration_follows_reaches_the_client(target: Target
         f"{'the error is not migratable' if why == 'other-failure' else 'the limit is 0'}: "
         f"the client should read the tokens, the frame and the error; reached "
         f"{deliveries(target, request)}, got finish reasons {reasons} and {outcome}",
+    )
+
+
+@covers("MIG-013")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+def test_a_terminal_frame_followed_by_tokens_is_shown_once(target: Target) -> None:
+    """Only tokens follow the cancelled frame, no error: nothing migrates, so the client
+    reads the frame where the worker sent it, once, and every item around it."""
+    (worker,) = cluster(target, TerminalThen(items=2, finish="cancelled", items_after=2))
+    request = target.submit(Migrate(limit=1))
+    outcome = finished(target, request, "MIG-013")
+    reasons = [i.get("finish_reason") if isinstance(i, dict) else i for i in outcome.items]
+    require(
+        "MIG-013",
+        deliveries(target, request) == [worker]
+        and outcome.error is None
+        and tokens(outcome) == EXPECTED[:4]
+        and reasons == [None, None, "cancelled", None, None],
+        f"worker {worker} sent 2 tokens, a cancelled frame, then 2 tokens: the client should "
+        f"read those five items as sent; reached {deliveries(target, request)}, got finish "
+        f"reasons {reasons} and {outcome}",
     )
 
 

@@ -96,13 +96,13 @@ def test_kv_and_direct_are_refused(target: Target, mode: str) -> None:
     workers = [target.add_worker() for _ in range(2)]
     request = target.submit(Generate(mode))
     outcome = finished(target, request, "SEL-002")
-    require_compare(
+    require(
         "SEL-002",
-        outcome.error,
-        "is not",
-        None,
-        f"generate({mode}) with workers {workers} succeeded ({outcome}); a bare router "
-        "must refuse it",
+        shows_outer(outcome.error, "InvalidArgument")
+        and outcome.error is not None
+        and mode in outcome.error.links[0][1].lower(),
+        f"generate({mode}) with workers {workers} ended {outcome}; a bare router must refuse "
+        f"it with InvalidArgument naming the mode",
     )
     require_false(
         "SEL-002",
@@ -460,18 +460,20 @@ def test_a_ratio_below_one_is_refused(open_target: OpenTarget, ratio: int) -> No
 )
 def test_device_aware_weighs_the_loads_of_the_free_set_as_it_changes(target: Target) -> None:
     """The group loads follow a loaded worker out of the free set and back: with the default
-    ratio 8, CPU worker ``cpu`` gets work while 0 < non-CPU load x 1 / (8 x non-CPU count)."""
+    ratio 8, CPU worker ``cpu`` gets work while 0 < non-CPU load x 1 / (8 x non-CPU count),
+    and the least-loaded non-CPU worker otherwise."""
     cpu = target.add_worker(device="cpu")
     gpu_a, gpu_b = target.add_worker(), target.add_worker()
-    book(target, gpu_a, 4)
-    book(target, gpu_b, 12)
+    book(target, gpu_a, 9)
+    book(target, gpu_b, 7)
     target.script_worker(cpu, Serve())  # ends at once: the CPU group's load stays 0
+    target.script_worker(gpu_b, Serve())
     steps = [
-        ("all free: 16 // (8 x 2) = 1 > 0", None),
-        (f"{gpu_a} inhibited: 12 // (8 x 1) = 1 > 0", "down"),
-        (f"{gpu_a} back: 16 // (8 x 2) = 1 > 0", "back"),
+        ("all free: 16 // (8 x 2) = 1 > 0", None, cpu),
+        (f"{gpu_a} inhibited, its 9 leave the group: 7 // (8 x 1) = 0", "down", gpu_b),
+        (f"{gpu_a} back: 16 // (8 x 2) = 1 > 0", "back", cpu),
     ]
-    for why, event in steps:
+    for why, event, expected in steps:
         if event == "down":
             target.report_down(gpu_a)
         elif event == "back":
@@ -479,9 +481,9 @@ def test_device_aware_weighs_the_loads_of_the_free_set_as_it_changes(target: Tar
         picked = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
         require(
             "SEL-010",
-            picked == cpu,
-            f"non-CPU workers {gpu_a} (4 open requests) and {gpu_b} (12), CPU worker {cpu} "
-            f"idle; {why}, so the CPU worker should be chosen, not {picked}",
+            picked == expected,
+            f"non-CPU workers {gpu_a} (9 open requests) and {gpu_b} (7), CPU worker {cpu} "
+            f"idle; {why}, so worker {expected} should be chosen, not {picked}",
         )
     release_all(target, [gpu_a, gpu_b])
 
@@ -553,6 +555,41 @@ def test_device_aware_weighs_a_migrating_requests_untried_workers(
         f"({cpu_load} against {load} // 8 = {load // 8}); the attempts reached {attempts}",
     )
     release_all(target, [cpu, loaded])
+
+
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+    Capability.SCRIPT_FAILURES,
+    Capability.MIGRATION,
+)
+@pytest.mark.parametrize("load", [3, 4])
+def test_device_aware_weighs_group_sizes_over_untried_workers(target: Target, load: int) -> None:
+    """Two CPU and two non-CPU workers left untried: the budget weighs both group sizes,
+    2 x ``load`` x 2 // (8 x 2), so the CPU group is chosen from ``load`` 4 on."""
+    failing = target.add_worker()
+    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    cpus = [target.add_worker(device="cpu") for _ in range(2)]
+    gpus = [target.add_worker() for _ in range(2)]
+    for worker in gpus:
+        book(target, worker, load)
+    for worker in cpus + gpus:
+        target.script_worker(worker, Serve())
+    request = target.submit(Migrate(mode="device-aware-weighted", limit=1))
+    attempts = reached(target, request)
+    group = cpus if 2 * load * 2 // (8 * 2) > 0 else gpus
+    require(
+        "SEL-010",
+        len(attempts) == 2 and attempts[0] == failing and attempts[1] in group,
+        f"non-CPU {failing} idle takes the first attempt; then CPU {cpus} (idle) against "
+        f"non-CPU {gpus} ({load} open requests each): the budget {2 * load} x 2 // (8 x 2) = "
+        f"{2 * load * 2 // 16} should send the second attempt to one of {group}; the attempts "
+        f"reached {attempts}",
+    )
+    release_all(target, gpus)
 
 
 @covers("SEL-010")

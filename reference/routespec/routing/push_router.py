@@ -178,7 +178,7 @@ class PushRouter:
         prepare: Prepare | None = None,
         exclusions: Exclusions | None = None,
         *,
-        admitted: bool = False,
+        admitted: bool,
     ) -> RouterStream:
         """Dispatch to a worker a routing host chose, with the fallback it allows; a failure
         is recorded in ``exclusions`` before it is visible (MIG-010). ``admitted``: the host's
@@ -233,7 +233,7 @@ class PushRouter:
         return RouterStream(stream, instance_id, permit, on_fault)
 
     def _resolve_and_check(
-        self, target: int, fallback: TransportFallback, check_overload: bool = True
+        self, target: int, fallback: TransportFallback, check_overload: bool
     ) -> Instance:
         """Resolve transport, then check overload on the resolved worker (DSP-003, DSP-004)."""
         instance = self._resolve_transport(target, fallback)

@@ -66,9 +66,6 @@ class FreeView(Sequence[int]):
     def __iter__(self) -> Iterator[int]:
         return iter(self._members)
 
-    def __contains__(self, instance_id: object) -> bool:
-        return isinstance(instance_id, int) and instance_id in self._members
-
 
 @attrs.define
 class WorkerSets:
@@ -120,10 +117,6 @@ class WorkerSets:
         self._sync()
         return tuple(self._routable)
 
-    def has_routable(self) -> bool:
-        self._sync()
-        return bool(self._routable)
-
     def overloaded_ids(self) -> tuple[int, ...]:
         """Monitor-reported overload plus live request-path leases, among discovered (SET-003)."""
         self._sync()
@@ -145,10 +138,6 @@ class WorkerSets:
     def is_overloaded(self, instance_id: int) -> bool:
         self._sync()
         return instance_id in self._discovered and self._marked(instance_id)
-
-    def is_free(self, instance_id: int) -> bool:
-        self._sync()
-        return instance_id in self._free
 
     # --- events ---
 
