@@ -31,6 +31,7 @@ from routespec.testing.target import (
     HostRoute,
     ObservedError,
     Outcome,
+    Preselected,
     RoutingHostTarget,
     Serve,
     Stall,
@@ -854,33 +855,41 @@ def test_lora_filtering_works_with_round_robin_and_random(target: Target, policy
 # --- DSP-012 through the host ---
 
 
-@covers("DSP-012", "DSP-010", "HST-002")
-@requires(HOST, Capability.VANISH_WORKER, Capability.SCRIPT_STALL)
+@covers("DSP-012", "DSP-010")
+@requires(HOST, Capability.VANISH_WORKER, Capability.SCRIPT_STALL, Capability.PRESELECTED)
 def test_a_host_fallback_moves_the_booking(target: Target, adapter: Adapter) -> None:
-    """Least-loaded picks the lower id of two idle workers; that one has lost its transport
-    record, so the dispatch falls back to the other, and the booking goes with it."""
+    """Worker ``serving`` holds one booked request, so least-loaded picks the idle
+    ``vanished``, which has lost its transport record. A host that falls back to ``serving``
+    (the reference does, within its candidates) moves the booking there and prepares the
+    request for it; one that dispatches its pick exactly fails the request without reaching
+    a worker. Either way no booking stays on ``vanished``."""
     vanished, serving = workers(target, 2, Stall())
+    target.submit(Preselected(serving))
     target.vanish_worker(vanished)
     host = host_of(target, "DSP-012", HostConfig(policy="least-loaded"))
     request = host.route(HostRoute(tokens=(0, 0), max_tokens=4))
-    require(
-        "DSP-012",
-        reached(target, request) == [serving] and host.bookings() == {serving: 1},
-        f"worker {vanished} vanished: the request should reach {serving}, booked there; "
-        f"reached {reached(target, request)}, bookings {host.bookings()}",
-    )
-    if Capability.OBSERVE_PREPARED_TARGET in adapter.capabilities:
-        prepared = [d.prepared_for for d in target.dispatch_log() if d.request_id == request]
+    bookings = {w: n for w, n in host.bookings().items() if n}
+    if reached(target, request) == [serving]:
         require_equal(
-            "DSP-010", prepared, [serving], f"the host's request was prepared for {prepared}"
+            "DSP-012",
+            bookings,
+            {serving: 2},
+            f"the request fell back from {vanished} to {serving}: the booking should move with it",
+        )
+        if Capability.OBSERVE_PREPARED_TARGET in adapter.capabilities:
+            prepared = [d.prepared_for for d in target.dispatch_log() if d.request_id == request]
+            require_equal(
+                "DSP-010", prepared, [serving], f"the request was prepared for {prepared}"
+            )
+    else:
+        outcome, attempts = ended(target, request, "DSP-012")
+        require(
+            "DSP-012",
+            not attempts and outcome.error is not None and bookings == {serving: 1},
+            f"the request neither fell back to {serving} nor failed cleanly: reached "
+            f"{attempts}, ended {outcome}, bookings {bookings}",
         )
     target.release_stalled(serving)
-    outcome, _ = ended(target, request, "DSP-012")
-    require(
-        "HST-002",
-        outcome.error is None and not any(host.bookings().values()),
-        f"the request ended {outcome}; bookings left: {host.bookings()}",
-    )
 
 
 # --- HST-020: migration over the host ---

@@ -172,16 +172,16 @@ def test_attempts_are_bounded_and_never_repeat_a_worker(target: Target, limit: i
 # A migratable failure that neither inhibits nor marks its worker overloaded (FLT-001,
 # FLT-004; before the stream it would be wrapped in an inhibiting CannotConnect, TRN-005):
 # the failed worker stays free, so only the exclusion keeps attempts off it.
-STAYS_FREE = FailMidStream(1, ErrorSpec("Backend(Disconnected)"))
+MIGRATES_WITHOUT_INHIBITING = FailMidStream(1, ErrorSpec("Backend(Disconnected)"))
 
 
-@covers("MIG-010", "DSP-006")
+@covers("MIG-010", "MIG-008")
 @requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.VANISH_WORKER)
 def test_a_migrating_fallback_never_returns_to_a_failed_worker(target: Target) -> None:
     """The only untried worker has lost its transport record: a transport fallback for a
     migrating request stays inside its untried workers, so none qualifies (DSP-008) and the
     original error item stands (MIG-008)."""
-    (failing,) = cluster(target, STAYS_FREE)
+    (failing,) = cluster(target, MIGRATES_WITHOUT_INHIBITING)
     vanished = target.add_worker()
     target.vanish_worker(vanished)
     request = target.submit(Migrate(mode="round-robin", limit=3))
@@ -202,23 +202,23 @@ def test_a_migrating_fallback_never_returns_to_a_failed_worker(target: Target) -
 @covers("DSP-005", "MIG-010")
 @requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES, Capability.VANISH_WORKER)
 def test_a_migrating_attempt_falls_back_to_an_untried_worker(target: Target) -> None:
-    """Whichever worker round-robin picks for a replacement attempt, a vanished one falls
-    back to the untried worker that serves: every request completes with one retry."""
-    failing, serving = cluster(target, STAYS_FREE, Serve())
+    """Whichever worker round-robin picks, a vanished one falls back to an untried worker:
+    every request completes with at most one retry, never back on the failed worker."""
+    failing, serving = cluster(target, MIGRATES_WITHOUT_INHIBITING, Serve())
     vanished = target.add_worker()
     target.vanish_worker(vanished)
     for _ in range(6):
         request = target.submit(Migrate(mode="round-robin", limit=1))
         outcome = finished(target, request, "DSP-005")
         attempts = deliveries(target, request)
+        require_compare(
+            "MIG-010", failing, "not in", attempts[1:], f"the retries went back: {attempts}"
+        )
         require(
             "DSP-005",
             outcome.error is None and tokens(outcome) == EXPECTED and attempts[-1:] == [serving],
             f"workers: {failing} fails, {vanished} vanished, {serving} serves; a request with "
             f"one retry reached {attempts} and ended {outcome}",
-        )
-        require_compare(
-            "MIG-010", failing, "not in", attempts[1:], f"the retries went back: {attempts}"
         )
 
 

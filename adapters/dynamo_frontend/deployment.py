@@ -48,9 +48,14 @@ def die_with_parent() -> None:
 def inotify_instances(pid: int) -> int:
     """The inotify instances a process holds (the kernel allows 128 per user by default)."""
     try:
-        return sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if "inotify" in os.readlink(fd))
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return 0
+    count = 0
+    for descriptor in descriptors:
+        with contextlib.suppress(OSError):  # closed since the listing
+            count += "inotify" in os.readlink(descriptor)
+    return count
 
 
 def user_inotify_instances() -> int:
@@ -366,18 +371,22 @@ class Deployment:
         """Between checks: replace frontends that hold too many inotify instances, each on
         its own or together with everything else this user runs."""
         with self._lock:
-            held = {
+            by_frontend = {
                 key: inotify_instances(frontend.process.pid)
                 for key, frontend in self._frontends.items()
             }
-            for key in [key for key, count in held.items() if count > INOTIFY_BUDGET]:
-                self._frontends.pop(key).close()
-                del held[key]
+            retire = [key for key, count in by_frontend.items() if count > INOTIFY_BUDGET]
             ceiling = inotify_limit() - INOTIFY_HEADROOM
-            while held and user_inotify_instances() > ceiling:
-                key = max(held, key=held.__getitem__)
+            spare = {key: count for key, count in by_frontend.items() if key not in retire}
+            over = user_inotify_instances() - sum(by_frontend[key] for key in retire) - ceiling
+            # the frontends holding most first; none that would free nothing
+            for key in sorted(spare, key=spare.__getitem__, reverse=True):
+                if over <= 0 or not spare[key]:
+                    break
+                retire.append(key)
+                over -= spare[key]
+            for key in retire:
                 self._frontends.pop(key).close()
-                del held[key]
 
     def close(self) -> None:
         for frontend in self._frontends.values():
@@ -416,7 +425,7 @@ class WorkerProcess:
         self.used = False  # a model was served, a script sent, or it was killed or removed
         self.served: dict[str, str | None] = {}  # endpoint -> None (served) or its refusal
         self.loras: dict[str, str | None] = {}  # LoRA -> None (registered) or its refusal
-        self.pongs = 0  # the last ping answered: every report before it has been read
+        self.last_pong = 0  # every report written before this ping has been read
         self._changed = changed
         self._report = report
         self._log = (shared.root / f"worker-{os.getpid()}-{id(self)}.log").open("w")
@@ -459,7 +468,7 @@ class WorkerProcess:
                 elif op == "lora-failed":
                     self.loras[str(message["lora"])] = str(message["error"])
                 elif op == "pong":
-                    self.pongs = int(message["n"])
+                    self.last_pong = int(message["n"])
                 if self._report is not None:
                     self._report(self, message)
                 self._changed.notify_all()

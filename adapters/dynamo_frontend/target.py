@@ -131,6 +131,7 @@ NOT_KV_BUSY = (
 INTERNAL = "internal:"
 """Owner prefix of the adapter's own requests (reporting a worker down): not the suite's,
 so they stay out of its dispatch log."""
+_PINGS = itertools.count(1)  # report barriers, numbered across targets
 _TARGETS = itertools.count(1)
 
 
@@ -293,7 +294,6 @@ class FrontendTarget(Unsupported):
         self.loaded: set[str] = set()
         self._ids = itertools.count(1)
         self._requests = itertools.count(1)
-        self._pings = itertools.count(1)
         self._generation_numbers = itertools.count(1)
 
     # --- workers ---
@@ -320,15 +320,23 @@ class FrontendTarget(Unsupported):
             self.ended_n[rid] = self.ended_n.get(rid, 0) + 1
             self.last_how[rid] = str(message.get("how"))
 
-    def _flush_reports(self) -> None:
-        """Read every report the workers wrote so far: each answers a ping on the same pipe,
-        after them. An attempt that failed on a slow worker process is reported there, and
-        its report can trail the HTTP answer another worker completed."""
-        number = next(self._pings)
+    def _flush_reports(self, pending: Pending) -> None:
+        """Once per finished request, read every report the workers wrote so far: each
+        answers a ping on the same pipe, after them. An attempt that failed on a slow worker
+        process is reported there, and its report can trail the HTTP answer another worker
+        completed."""
+        if pending.flushed:
+            return
+        pending.flushed = True
+        number = next(_PINGS)  # never reused: a spare keeps its last pong across targets
         alive = [worker for worker in self.workers.values() if worker.alive()]
         for worker in alive:
             worker.send({"op": "ping", "n": number})
-        self.wait_for(lambda: all(w.pongs >= number or not w.alive() for w in alive), SETTLE_LIMIT)
+        if not self.wait_for(
+            lambda: all(w.last_pong >= number or not w.alive() for w in alive), SETTLE_LIMIT
+        ):
+            silent = [w.worker_id for w in alive if w.last_pong < number and w.alive()]
+            raise RuntimeError(f"adapter fault: workers {silent} did not answer a ping")
 
     def wait_for(self, condition: Any, limit: float = WAIT_LIMIT) -> bool:
         deadline = time.monotonic() + limit
@@ -760,9 +768,7 @@ class FrontendTarget(Unsupported):
                 return balanced and (not completed or (bool(pending.rids) and finished))
 
             self.wait_for(reported, 2.0)
-            if call.error is not None and pending.rids:
-                time.sleep(0.2)  # a last failing attempt's report may trail the HTTP error
-                self.wait_for(reported, 2.0)
+            self._flush_reports(pending)
 
     def settle(self) -> None:
         for pending in list(self.pending.values()):
@@ -849,10 +855,8 @@ class FrontendTarget(Unsupported):
             # own pipe, apart from the HTTP response: on a loaded machine they can arrive
             # after it, so wait for them before the suite reads the dispatch log.
             self.wait_for(lambda: bool(pending.rids) and pending.rids <= self.ended, SETTLE_LIMIT)
-        if not pending.flushed:
-            self._flush_reports()
-            pending.flushed = True
-        if call.error is None and not pending.rids:
+        self._flush_reports(pending)
+        if call.error is None and not call.dropped and not pending.rids:
             raise RuntimeError(
                 f"adapter fault: the frontend answered {request_id} ({len(call.items)} "
                 f"items), yet no worker reported receiving it within {SETTLE_LIMIT} s; "

@@ -15,7 +15,7 @@ VIOLATES = ("DSP-003",)
 
 class OverloadBeforeResolveRouter(PushRouter):
     def _resolve_and_check(
-        self, target: int, fallback: TransportFallback, check_overload: bool = True
+        self, target: int, fallback: TransportFallback, check_overload: bool
     ) -> Instance:
         if check_overload:
             self._check_overload(target)
