@@ -517,15 +517,30 @@ def test_device_aware_follows_a_rewritten_device_type(target: Target) -> None:
     release_all(target, [loaded])
 
 
-@covers("SEL-010")
-@requires(
+# A migrating device-aware request whose first attempt fails on a non-CPU worker: its
+# replacement is selected among the workers it has not tried.
+UNTRIED_DEVICE_AWARE = (
     Capability.DEVICE_AWARE_WEIGHTED,
     Capability.DEVICE_TYPES,
-    Capability.PRESELECTED,
-    Capability.SCRIPT_STALL,
     Capability.SCRIPT_FAILURES,
     Capability.MIGRATION,
 )
+
+
+def failing_first(target: Target) -> int:
+    """A non-CPU worker that fails before its stream, added first (idle, lowest id)."""
+    failing = target.add_worker()
+    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    return failing
+
+
+def one_retry_attempts(target: Target) -> list[int]:
+    """The workers a device-aware request with one retry reached, in order."""
+    return reached(target, target.submit(Migrate(mode="device-aware-weighted", limit=1)))
+
+
+@covers("SEL-010")
+@requires(*UNTRIED_DEVICE_AWARE, Capability.PRESELECTED, Capability.SCRIPT_STALL)
 @pytest.mark.parametrize(("cpu_load", "load"), [(0, 7), (0, 8), (1, 15), (1, 16)])
 def test_device_aware_weighs_a_migrating_requests_untried_workers(
     target: Target, cpu_load: int, load: int
@@ -534,16 +549,14 @@ def test_device_aware_weighs_a_migrating_requests_untried_workers(
     rule over that smaller set. Non-CPU ``failing`` (idle, fails before its stream) takes
     the first attempt; then CPU ``cpu`` against non-CPU ``loaded``: the CPU group is chosen
     while its load is under ``load`` x 1 // (8 x 1)."""
-    failing = target.add_worker()
-    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    failing = failing_first(target)
     cpu = target.add_worker(device="cpu")
     loaded = target.add_worker()
     book(target, cpu, cpu_load)
     book(target, loaded, load)
     for worker in (cpu, loaded):
         target.script_worker(worker, Serve())
-    request = target.submit(Migrate(mode="device-aware-weighted", limit=1))
-    attempts = reached(target, request)
+    attempts = one_retry_attempts(target)
     second = cpu if cpu_load < load // 8 else loaded
     require_equal(
         "SEL-010",
@@ -558,29 +571,21 @@ def test_device_aware_weighs_a_migrating_requests_untried_workers(
 
 
 @covers("SEL-010")
-@requires(
-    Capability.DEVICE_AWARE_WEIGHTED,
-    Capability.DEVICE_TYPES,
-    Capability.PRESELECTED,
-    Capability.SCRIPT_STALL,
-    Capability.SCRIPT_FAILURES,
-    Capability.MIGRATION,
-)
+@requires(*UNTRIED_DEVICE_AWARE, Capability.PRESELECTED, Capability.SCRIPT_STALL)
 @pytest.mark.parametrize("load", [3, 4])
 def test_device_aware_weighs_group_sizes_over_untried_workers(target: Target, load: int) -> None:
     """Two CPU and two non-CPU workers left untried: the budget weighs both group sizes,
     2 x ``load`` x 2 // (8 x 2), so the CPU group is chosen from ``load`` 4 on."""
-    failing = target.add_worker()
-    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    failing = failing_first(target)
     cpus = [target.add_worker(device="cpu") for _ in range(2)]
     gpus = [target.add_worker() for _ in range(2)]
     for worker in gpus:
         book(target, worker, load)
     for worker in cpus + gpus:
         target.script_worker(worker, Serve())
-    request = target.submit(Migrate(mode="device-aware-weighted", limit=1))
-    attempts = reached(target, request)
-    group = cpus if 2 * load * 2 // (8 * 2) > 0 else gpus
+    attempts = one_retry_attempts(target)
+    devices = {**dict.fromkeys(cpus, "cpu"), **dict.fromkeys(gpus, "cuda")}
+    group = _expected_group(dict.fromkeys(gpus, load), devices, ratio=8)
     require(
         "SEL-010",
         len(attempts) == 2 and attempts[0] == failing and attempts[1] in group,
@@ -593,22 +598,15 @@ def test_device_aware_weighs_group_sizes_over_untried_workers(target: Target, lo
 
 
 @covers("SEL-010")
-@requires(
-    Capability.DEVICE_AWARE_WEIGHTED,
-    Capability.DEVICE_TYPES,
-    Capability.SCRIPT_FAILURES,
-    Capability.MIGRATION,
-)
+@requires(*UNTRIED_DEVICE_AWARE)
 def test_device_aware_over_untried_workers_of_one_group(target: Target) -> None:
     """When the untried workers are all CPU workers, there is no budget to weigh: the
     least-loaded of them is chosen."""
-    failing = target.add_worker()
-    target.script_worker(failing, FailBeforeStream(ErrorSpec("Disconnected")))
+    failing = failing_first(target)
     first_cpu, second_cpu = target.add_worker(device="cpu"), target.add_worker(device="cpu")
     book(target, first_cpu, 1)
     target.script_worker(first_cpu, Serve())
-    request = target.submit(Migrate(mode="device-aware-weighted", limit=1))
-    attempts = reached(target, request)
+    attempts = one_retry_attempts(target)
     require_equal(
         "SEL-010",
         attempts,
