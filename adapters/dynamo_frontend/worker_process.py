@@ -191,10 +191,12 @@ class Worker:
         if kind in ("terminal-then", "terminal-flood"):
             total = first + 1
 
+        def token(index: int) -> int:
+            return data_token(self.name, index) if bare else prompt + index
+
         def item(index: int) -> dict[str, object]:
             finish = "stop" if index == total - 1 else None
-            token = data_token(self.name, index) if bare else prompt + index
-            return {"token_ids": [token], "finish_reason": finish}
+            return {"token_ids": [token(index)], "finish_reason": finish}
 
         for index in range(first):
             if context.is_stopped():
@@ -215,7 +217,7 @@ class Worker:
         if kind == "terminal-then":
             yield {"token_ids": [], "finish_reason": script.get("finish", "cancelled")}
             for index in range(first, first + int(script.get("items_after", 0))):
-                yield {"token_ids": [data_token(self.name, index) if bare else prompt + index]}
+                yield {"token_ids": [token(index)]}  # item() would stamp "stop" on the first
             if script.get("stall"):
                 emit({"op": "stalled", "rid": rid, "sent": self.sent.get(rid, 0)})
                 await self.wait(release, context)
