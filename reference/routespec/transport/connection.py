@@ -7,9 +7,11 @@ which no byte arrives for that long ends with ``ConnectionIdle``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
-from collections.abc import Callable
+import os
+from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
@@ -28,6 +30,10 @@ from routespec.transport.frames import (
 )
 
 RECEIVE_CHUNK = 64 * 1024
+# A socket call that completes at once does not yield to the scheduler (as trio's own calls
+# do) except on every YIELD_EVERY-th such call of the process, so a peer that keeps a
+# connection busy still cannot starve the other tasks.
+YIELD_EVERY = 32
 
 
 LOOPBACK = "127.0.0.1"
@@ -135,6 +141,7 @@ class FramedConnection:
         self._budget = budget
         self._charged = 0  # bytes of this connection counted in the budget
         self._idle_timeout = idle_timeout
+        self._idle_scope: trio.CancelScope | None = None
         self.closed = trio.Event()
         self.on_close: Callable[[FramedConnection], None] | None = None  # called once
         self.reuse_offered = False  # a response stream's: the worker may take another here
@@ -155,9 +162,42 @@ class FramedConnection:
         try:
             if self._held:
                 data, self._held = self._held + data, b""
-            await self.stream.send_all(data)
+            if isinstance(self.stream, trio.SocketStream):
+                await _send_on_socket(self.stream.socket, data)
+            else:
+                await self.stream.send_all(data)
         finally:
             self._send_lock.release()
+
+    @property
+    def is_socket(self) -> bool:
+        return isinstance(self.stream, trio.SocketStream)
+
+    def send_nowait(self, data: bytes) -> bytes:
+        """Write what is held, then ``data``, as far as the socket takes it now; returns
+        the rest (all of it while another task is sending)."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        if not data or self._send_lock.locked() or not isinstance(self.stream, trio.SocketStream):
+            return data
+        try:
+            sent = os.write(self.stream.socket.fileno(), data)
+        except BlockingIOError:
+            return data
+        return data[sent:] if sent < len(data) else b""
+
+    def send_held_nowait(self) -> None:
+        """Write what ``hold`` kept, as far as the socket takes it now; the rest stays held
+        for the next send. Never raises: a broken connection fails its next send."""
+        if self._held:
+            with contextlib.suppress(OSError):
+                self._held = self.send_nowait(b"")
+
+    async def wait_writable(self) -> None:
+        """Until the socket may take more bytes (or another task's send has ended)."""
+        assert isinstance(self.stream, trio.SocketStream)
+        async with self._send_lock:
+            await trio.lowlevel.wait_writable(self.stream.socket)
 
     def hold(self, data: bytes) -> None:
         """Send ``data`` ahead of the next ``send``, in the same write."""
@@ -207,6 +247,22 @@ class FramedConnection:
             count += 1
         return count
 
+    def request_buffered(self) -> bool:
+        """Whether a whole request message is buffered, so that reading it cannot wait."""
+        return self._request_end() is not None
+
+    def _request_end(self) -> int | None:
+        """Where the buffered request message ends, if it is wholly buffered."""
+        buffer, end = self._buffer, 0
+        for size in (U16, U16):
+            if len(buffer) < end + size.size:
+                return None
+            end += size.size + size.unpack_from(buffer, end)[0]
+        if len(buffer) < end + U32.size:
+            return None
+        end += U32.size + U32.unpack_from(buffer, end)[0]
+        return end if len(buffer) >= end else None
+
     def release(self) -> None:
         """Give back every byte this connection counts in its budget (when it ends)."""
         if self._budget is not None:
@@ -222,11 +278,46 @@ class FramedConnection:
 
     async def _receive(self) -> bytes | bytearray:
         # A fixed chunk: a declared length never sizes a receive buffer (TRN-012).
+        if not isinstance(self.stream, trio.SocketStream):
+            return await self._wait_for(functools.partial(self.stream.receive_some, RECEIVE_CHUNK))
+        sock = self.stream.socket
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            data = os.read(sock.fileno(), RECEIVE_CHUNK)
+        except BlockingIOError:
+            return await self._wait_for(functools.partial(_receive_from_socket, sock))
+        await _sometimes_yield()
+        return data
+
+    async def _wait_for(
+        self, receive: Callable[[], Awaitable[bytes | bytearray]]
+    ) -> bytes | bytearray:
+        """``receive()``, within the idle timeout if there is one (TRN-025)."""
         if self._idle_timeout is None:
-            return await self.stream.receive_some(RECEIVE_CHUNK)
+            return await receive()
+        if self._idle_scope is not None:  # ``ending_when_idle``: one scope for every read
+            self._idle_scope.deadline = trio.current_time() + self._idle_timeout
+            return await receive()
         with trio.move_on_after(self._idle_timeout):
-            return await self.stream.receive_some(RECEIVE_CHUNK)
-        raise ConnectionIdle(f"no byte arrived for {self._idle_timeout:g} s")
+            return await receive()
+        raise self._idle()
+
+    def _idle(self) -> ConnectionIdle:
+        return ConnectionIdle(f"no byte arrived for {self._idle_timeout:g} s")
+
+    @contextlib.contextmanager
+    def ending_when_idle(self) -> Iterator[None]:
+        """Reads inside the block share one cancel scope for the idle timeout (cheaper than
+        a scope per read); when it expires, the block ends with ``ConnectionIdle``. Each
+        read moves its deadline, which then holds until the next read."""
+        with trio.CancelScope() as scope:
+            self._idle_scope = scope
+            try:
+                yield
+            finally:
+                self._idle_scope = None
+        if scope.cancelled_caught:
+            raise self._idle()
 
     async def _fill(
         self, count: int, field: str, *, at_boundary: bool = False, budgeted: bool = False
@@ -340,6 +431,9 @@ class FramedConnection:
         """The next request message, or None at a clean end. A message the budget cannot
         hold is read, dropped and reported as ``OverBudget`` (TRN-026)."""
         self._settle()
+        buffered = self._buffered_request()
+        if buffered is not None:
+            return buffered
         if not await self._fill(U16.size, "request.path_len", at_boundary=True):
             return None
         (path_len,) = U16.unpack(self._take(U16.size))
@@ -361,7 +455,74 @@ class FramedConnection:
             raise WireProtocolError("request.path", "not UTF-8") from None
         return RequestMessage(text, headers, payload)
 
+    def _buffered_request(self) -> RequestMessage | None:
+        """The next request if it is wholly buffered and fits every limit, in one step;
+        None leaves it to ``read_request``'s checks, which name the field at fault."""
+        end = self._request_end()
+        if end is None:
+            return None
+        buffer, budget = self._buffer, self._budget
+        if budget is not None and budget.used - (len(buffer) - end) > budget.limit:
+            return None
+        (path_len,) = U16.unpack_from(buffer, 0)
+        (headers_len,) = U16.unpack_from(buffer, U16.size + path_len)
+        headers_start = 2 * U16.size + path_len
+        payload_start = headers_start + headers_len + U32.size
+        if end - payload_start > MAX_MESSAGE_BYTES:
+            return None
+        try:
+            path = buffer[U16.size : U16.size + path_len].decode()
+        except UnicodeDecodeError:
+            return None
+        message = RequestMessage(
+            path,
+            bytes(buffer[headers_start : headers_start + headers_len]),
+            bytes(buffer[payload_start:end]),
+        )
+        del buffer[:end]
+        return message
+
     async def read_ack(self) -> str:
         (length,) = ACK_PREFIX.unpack(await self._exactly(ACK_PREFIX.size, "ack.len"))
         check_length("ack.len", length, MAX_ACK_BYTES)
         return (await self._exactly(length, "ack")).decode(errors="replace")
+
+
+# Socket calls made directly on the descriptor: trio's ``SocketStream`` would add an error
+# translation, a conflict check and a scheduling point to each, which are most of a small
+# request's cost. Errors stay ``OSError`` (``CONNECTION_ERRORS`` has it), and a socket that
+# trio closes while a call waits on it still wakes that call with ``ClosedResourceError``.
+
+_completed_at_once = 0
+
+
+async def _sometimes_yield() -> None:
+    global _completed_at_once
+    _completed_at_once += 1
+    if _completed_at_once >= YIELD_EVERY:
+        _completed_at_once = 0
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+
+async def _receive_from_socket(sock: trio.socket.SocketType) -> bytes:
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            return os.read(sock.fileno(), RECEIVE_CHUNK)
+        except BlockingIOError:
+            continue
+
+
+async def _send_on_socket(sock: trio.socket.SocketType, data: bytes) -> None:
+    await trio.lowlevel.checkpoint_if_cancelled()
+    waited = False
+    with memoryview(data) as view:
+        sent = 0
+        while sent < len(view):
+            try:
+                sent += os.write(sock.fileno(), view[sent:])
+            except BlockingIOError:
+                waited = True
+                await trio.lowlevel.wait_writable(sock)
+    if not waited:
+        await _sometimes_yield()

@@ -54,6 +54,7 @@ class WorkerConnection:
         self._waiting: collections.deque[AckWaiter] = collections.deque()  # in wire order
         self._wake = trio.Event()
         self._last_ack = trio.current_time()
+        self._unsent = b""  # what a write made without waiting left for the writer task
 
     async def send(self, message: bytes, ack_timeout: float = DEFAULT_ACK_TIMEOUT) -> str:
         """Queue one request and return its ACK text; ``ConnectionTimeout`` once neither it
@@ -62,8 +63,13 @@ class WorkerConnection:
             raise RoutingError(ErrorKind.DISCONNECTED, f"TCP connection to {self.address} lost")
         waiter = AckWaiter(message)
         self._queued.append(waiter)
-        self._wake.set()
         queued_at = trio.current_time()
+        if not self._waiting and len(self._queued) == 1 and not self._unsent:
+            # Nothing else in flight here: write it now. Requests that come while others
+            # are in flight are left to the writer task, which sends them together.
+            self._write_queued()
+        if self._queued or self._unsent:
+            self._wake.set()
         try:
             while not waiter.done.is_set():
                 deadline = max(queued_at, self._last_ack) + ack_timeout
@@ -81,22 +87,39 @@ class WorkerConnection:
             )
         return waiter.ack
 
+    def _take_queued(self) -> bytes:
+        """Everything queued, in one batch; each request now holds its place in the ACK
+        order."""
+        batch = []
+        while self._queued:
+            waiter = self._queued.popleft()
+            waiter.taken = True
+            self._waiting.append(waiter)
+            batch.append(waiter.message)
+            waiter.message = b""
+        return b"".join(batch)
+
+    def _write_queued(self) -> None:
+        """Write what is queued without waiting, as far as the socket takes it now; the
+        writer task sends the rest."""
+        try:
+            self._unsent = self.connection.send_nowait(self._take_queued())
+        except OSError:
+            self._unsent = b""  # the reader sees the connection end and fails every waiter
+
     async def write_requests(self) -> None:
         """Send whatever is queued in one write, until the connection ends."""
         try:
             while self.open:
+                if self._unsent:
+                    unsent, self._unsent = self._unsent, b""
+                    await self.connection.send(unsent)
+                    continue
                 if not self._queued:
                     self._wake = trio.Event()
                     await self._wake.wait()
                     continue
-                batch = []
-                while self._queued:
-                    waiter = self._queued.popleft()
-                    waiter.taken = True
-                    self._waiting.append(waiter)  # its place in the ACK order
-                    batch.append(waiter.message)
-                    waiter.message = b""
-                await self.connection.send(b"".join(batch))
+                await self.connection.send(self._take_queued())
         except CONNECTION_ERRORS:
             pass  # the reader sees the connection end and fails every waiter
         finally:
