@@ -10,7 +10,6 @@ worker keeps it open.
 from __future__ import annotations
 
 import errno
-import math
 
 import trio
 
@@ -52,8 +51,14 @@ class PendingStream:
             self._failure = failure
             self._arrived.set()
 
+    def ready(self) -> bool:
+        """The worker's connection is here with a whole frame (the prologue) buffered:
+        taking the stream cannot wait."""
+        return self._connection is not None and self._connection.frame_buffered()
+
     async def wait(self) -> FramedConnection:
-        await self._arrived.wait()
+        if not self._arrived.is_set():  # one that came with its ACK costs no task switch
+            await self._arrived.wait()
         self._plane.forget(self)
         if self._connection is None:
             assert self._failure is not None
@@ -129,6 +134,10 @@ class ResponsePlane:
         self._handed.discard(connection)
         connection.on_close = None
         connection.reuse_offered = False
+        # Sent now rather than by the task below, so that it leaves before this caller's
+        # next request, which the worker may want this connection for.
+        connection.hold(REUSE_FRAME)
+        connection.send_held_nowait()
         self._nursery.start_soon(self._accept, connection, True)
         return True
 
@@ -140,17 +149,11 @@ class ResponsePlane:
         handed = False
         try:
             pending = None
-            with trio.move_on_after(math.inf if released else HANDSHAKE_TIMEOUT):
-                try:
-                    if released:
-                        await connection.send(REUSE_FRAME)
-                    frame = await connection.read_two_part(MAX_CONTROL_BYTES)
-                    handshake = decode_json(frame.header, "handshake") if frame else None
-                except (WireProtocolError, *CONNECTION_ERRORS):
-                    handshake = None
-                if isinstance(handshake, dict):
-                    pending = self._pending.pop(str(handshake.get("subject")), None)
-                    connection.reuse_offered = handshake.get("reuse") is True
+            if released:
+                pending = await self._read_handshake(connection)
+            else:
+                with trio.move_on_after(HANDSHAKE_TIMEOUT):
+                    pending = await self._read_handshake(connection)
             handed = pending is not None and pending.connect(connection)
             if handed:
                 self._handed.add(connection)
@@ -158,3 +161,17 @@ class ResponsePlane:
         finally:
             if not handed:
                 connection.close_now()
+
+    async def _read_handshake(self, connection: FramedConnection) -> PendingStream | None:
+        """The registration the connection's handshake names, if it is pending."""
+        try:
+            if connection.holding:  # what ``release`` could not send at once
+                await connection.send(b"")
+            frame = await connection.read_two_part(MAX_CONTROL_BYTES)
+            handshake = decode_json(frame.header, "handshake") if frame else None
+        except (WireProtocolError, *CONNECTION_ERRORS):
+            return None
+        if not isinstance(handshake, dict):
+            return None
+        connection.reuse_offered = handshake.get("reuse") is True
+        return self._pending.pop(str(handshake.get("subject")), None)

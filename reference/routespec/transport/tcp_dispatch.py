@@ -162,14 +162,16 @@ class TcpDispatch:
             _raise_rejection(ack)  # TRN-004: before any wait on the response plane
             if inputs is not None:
                 pump = await self._nursery.start(_pump, registrations[1], inputs, codec)
-            established: TcpResponseStream | None = None
-            with trio.move_on_after(deadlines.establish_timeout):  # TMO-003
-                connection = await registrations[0].wait()  # TRN-003: any other ACK accepts
-                await _read_prologue(connection)
-                release = self._response_plane.release if connection.reuse_offered else None
-                established = TcpResponseStream(connection, codec, slot, pump, release)
-            if established is None:
-                raise establish_timed_out(deadlines.establish_timeout)
+            if registrations[0].ready():  # it came with the ACK: nothing to wait for
+                connection = await self._establish(registrations[0])
+            else:
+                connection = None
+                with trio.move_on_after(deadlines.establish_timeout):  # TMO-003
+                    connection = await self._establish(registrations[0])
+                if connection is None:
+                    raise establish_timed_out(deadlines.establish_timeout)
+            release = self._response_plane.release if connection.reuse_offered else None
+            established = TcpResponseStream(connection, codec, slot, pump, release)
             return DeadlineStream(established, deadlines)  # TMO-004, TMO-005
         except BaseException:
             slot.close()
@@ -181,6 +183,13 @@ class TcpDispatch:
                     if leftover is not None:
                         await leftover.aclose()
             raise
+
+    @staticmethod
+    async def _establish(pending: PendingStream) -> FramedConnection:
+        """The stream's connection, its prologue read (TRN-003: any other ACK accepts)."""
+        connection = await pending.wait()
+        await _read_prologue(connection)
+        return connection
 
     def _stream_address(self, request: Request) -> StreamAddress:
         # A subject unique to this transport: a random prefix, then a count (cheaper than
