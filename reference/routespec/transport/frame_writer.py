@@ -1,87 +1,112 @@
 """Coalesced writes for a response stream: frames produced together leave in one write.
 
-The producer never waits for the socket unless a quarter MiB is queued, and a writer task
-sends whatever is queued whenever it runs. A handler that yields several items without
-awaiting anything therefore costs one ``send`` instead of one per frame, and a handler that
-awaits between items still has each item sent as soon as it blocks.
+Frames are queued, and leave when the producer is about to wait for something (its
+handler's next item is not ready: ``before_waiting``), when a quarter MiB is queued, or at
+``flush``. A handler that yields several items without awaiting anything therefore costs one
+``send`` instead of one per frame, and a handler that awaits between items still has each
+item sent before it waits. No task is needed for that: what leaves when the producer is
+about to wait is written without waiting (what the socket cannot take now stays queued for
+the next write or ``flush``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-
-import trio
+import types
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
 
 from routespec.transport.connection import FramedConnection
 
 HIGH_WATER_BYTES = 256 * 1024
 
-Watcher = Callable[[FramedConnection, trio.CancelScope], Awaitable[None]]
+T = TypeVar("T")
 
 
 class FrameWriter:
-    def __init__(self, connection: FramedConnection) -> None:
+    """``on_wait``, if given, is called each time the producer is about to wait: for its
+    handler (``about_to_wait``) or for the socket (``flush``)."""
+
+    def __init__(
+        self, connection: FramedConnection, on_wait: Callable[[], None] | None = None
+    ) -> None:
         self._connection = connection
+        self._on_wait = on_wait
         self._pending: list[bytes] = []
         self._size = 0
-        self._wake = trio.Event()
-        self._room = trio.Event()
-        self._closed = False
-        self._then_cancel: trio.CancelScope | None = None  # the watcher's, once all is sent
-        self.flushed = False  # every frame written was sent, and the block has ended
-
-    @classmethod
-    @asynccontextmanager
-    async def open(
-        cls, connection: FramedConnection, watch: Watcher | None = None
-    ) -> AsyncIterator[FrameWriter]:
-        """Frames written inside the block are all sent (or the send fails) when it exits.
-
-        ``watch(connection, scope)``, if given, runs alongside in the same nursery (one
-        nursery per stream, not two) from the moment the producer first blocks: cancelling
-        ``scope`` ends the block at once, unsent frames dropped (a caller's stop); once every
-        frame is sent, the watcher is cancelled. A block that never waits (a handler whose
-        items are ready) has nothing to interrupt, so it costs no watcher task.
-        """
-        writer = cls(connection)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(writer._run, watch, nursery)
-            try:
-                yield writer
-            finally:
-                writer._closed = True
-                writer._wake.set()
+        self._failure: OSError | None = None  # met by ``send_now``, raised by ``flush``
 
     async def write(self, frame: bytes) -> None:
         self._pending.append(frame)
         self._size += len(frame)
-        self._wake.set()
         if self._size >= HIGH_WATER_BYTES:  # back-pressure from a slow reader
-            self._room = trio.Event()
-            await self._room.wait()
+            await self.flush()
 
-    async def _run(self, watch: Watcher | None, nursery: trio.Nursery) -> None:
-        # This task first runs when the producer first blocks, or once it has finished.
-        if watch is not None and not self._closed:
-            nursery.start_soon(watch, self._connection, nursery.cancel_scope)
-            self._then_cancel = nursery.cancel_scope
-        if not self._pending and self._connection.holding:
-            # The producer blocked before its first frame: what the connection holds (the
-            # stream's introduction) must not wait for it.
-            await self._connection.send(b"")
-        while True:
-            if not self._pending:
-                if self._closed:
-                    self.flushed = True
-                    if self._then_cancel is not None:
-                        self._then_cancel.cancel()
-                    return
-                await self._wake.wait()
-                self._wake = trio.Event()
-                continue
-            batch = b"".join(self._pending)
-            self._pending.clear()
-            self._size = 0
-            self._room.set()
-            await self._connection.send(batch)
+    def send_now(self) -> None:
+        """Write what is queued (and what the connection holds) as far as the socket takes
+        it without waiting; the rest stays queued."""
+        if self._failure is not None or not self._connection.is_socket:
+            return
+        if not self._pending and not self._connection.holding:
+            return
+        batch = self._take()
+        try:
+            rest = self._connection.send_nowait(batch)
+        except OSError as error:  # never raised here: the producer may be mid-suspension
+            self._failure, rest = error, batch
+        self._pending, self._size = ([rest] if rest else []), len(rest)
+
+    def about_to_wait(self) -> None:
+        """The producer is about to wait: what is queued leaves now."""
+        self.send_now()
+        if self._on_wait is not None:
+            self._on_wait()
+
+    async def flush(self) -> None:
+        """Send everything queued. A cancellation leaves what was not sent queued, whole."""
+        if not self._connection.is_socket:
+            await self._connection.send(self._take())
+            return
+        while self._pending or self._connection.holding:
+            self.send_now()
+            if self._failure is not None:
+                raise self._failure
+            if self._pending:
+                if self._on_wait is not None:
+                    self._on_wait()
+                await self._connection.wait_writable()
+
+    def _take(self) -> bytes:
+        batch = b"".join(self._pending)
+        self._pending.clear()
+        self._size = 0
+        return batch
+
+
+@types.coroutine
+def before_waiting(
+    awaitable: Awaitable[T], about_to_wait: Callable[[], None]
+) -> Generator[Any, Any, T]:
+    """Await ``awaitable``; if it is about to suspend the task, call ``about_to_wait()``
+    first (once). Each suspension is passed on to trio unchanged."""
+    inner = awaitable.__await__()
+    try:
+        signal = inner.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    about_to_wait()
+    while True:
+        try:
+            sent = yield signal
+        except GeneratorExit:
+            inner.close()
+            raise
+        except BaseException as error:  # passed on to the awaitable
+            try:
+                signal = inner.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+        else:
+            try:
+                signal = inner.send(sent)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]

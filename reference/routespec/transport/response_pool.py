@@ -8,7 +8,9 @@ connection for. Only the worker gives a released connection up — when it has b
 ``IDLE_SECONDS``, when the pool is full (TRN-030), or when it has become readable (TRN-031:
 the caller closed it, and nothing else may arrive on it) — so it never writes into one the
 caller is closing. The worker sweeps the pool every ``SWEEP_SECONDS``, so the connections of
-callers that went away are closed within that, whether or not another stream comes.
+callers that went away are closed within that, whether or not another stream comes; the
+same sweep closes the connections whose release did not come within ``RELEASE_WAIT`` of
+their sentinel (TRN-028).
 Dynamo 1.6.1 never sends the header, and ignores it, so every stream it takes part in has its
 own connection.
 """
@@ -25,7 +27,8 @@ from routespec.transport.connection import FramedConnection
 REUSE = "reuse"  # the control word: the caller read the sentinel and awaits the next stream
 REUSE_HEADER = b'"x-routespec-response-reuse":"1"'  # the offer, as the caller writes it
 IDLE_SECONDS = 20.0
-SWEEP_SECONDS = 1.0
+RELEASE_WAIT = 1.0  # after a sentinel, how long the caller may take to send ``reuse``
+SWEEP_SECONDS = 0.25  # so that an unreleased connection is closed within RELEASE_WAIT
 PER_ADDRESS = 64
 TOTAL = 1024
 
@@ -38,6 +41,15 @@ class ResponsePool:
         self._per_address = per_address
         self._total = total
         self._idle: dict[str, collections.deque[tuple[float, FramedConnection]]] = {}
+        self._awaiting: dict[FramedConnection, float] = {}  # sentinel sent, release not read
+
+    def awaiting_release(self, connection: FramedConnection) -> None:
+        """``connection``'s stream has ended; the sweep closes it unless ``release_ended``
+        comes within ``RELEASE_WAIT`` (less one sweep period)."""
+        self._awaiting[connection] = trio.current_time()
+
+    def release_ended(self, connection: FramedConnection) -> None:
+        self._awaiting.pop(connection, None)
 
     def __len__(self) -> int:
         return sum(map(len, self._idle.values()))
@@ -78,8 +90,13 @@ class ResponsePool:
             del self._idle[address]
 
     def sweep(self) -> None:
-        """Close every kept connection that is stale or no longer quiet."""
+        """Close every kept connection that is stale or no longer quiet, and every one whose
+        release is overdue."""
         now = trio.current_time()
+        overdue = [c for c, ended in self._awaiting.items() if now - ended >= _RELEASE_CUTOFF]
+        for connection in overdue:
+            del self._awaiting[connection]
+            connection.close_now()  # its reader wakes, and does not keep it
         for address, kept in list(self._idle.items()):
             fresh: collections.deque[tuple[float, FramedConnection]] = collections.deque()
             for released, connection in kept:
@@ -103,6 +120,9 @@ class ResponsePool:
             for _, connection in kept:
                 connection.close_now()
         self._idle.clear()
+
+
+_RELEASE_CUTOFF = RELEASE_WAIT - SWEEP_SECONDS  # the next sweep would come too late
 
 
 def _usable(released: float, connection: FramedConnection, now: float) -> bool:

@@ -59,7 +59,7 @@ from routespec.transport.control import (
     read_control,
     shown,
 )
-from routespec.transport.frame_writer import FrameWriter
+from routespec.transport.frame_writer import FrameWriter, before_waiting
 from routespec.transport.frames import (
     MAX_CONTROL_BYTES,
     SENTINEL,
@@ -72,6 +72,7 @@ from routespec.transport.response_pool import REUSE, REUSE_HEADER, ResponsePool
 from routespec.transport.wire_errors import encode_error
 
 SENTINEL_FRAME = TwoPart(header=SENTINEL).encode()
+REUSE_FRAME_HEADER = encode_json(REUSE)  # the control word as a caller writes it
 PROLOGUE_OK = TwoPart(header=b'{"error":null}').encode()
 VETTED_CACHE = 1024  # IP-literal stream addresses remembered as allowed, per peer
 SHUTTING_DOWN = "worker is shutting down"
@@ -84,7 +85,6 @@ FD_SHARE = 4  # below 4 * 1024 open files, the cap is a quarter of the process's
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 RESOLVE_TIMEOUT = 5.0  # for a stream address that names a host rather than an IP address
-RELEASE_WAIT = 1.0  # after a sentinel, how long the caller may take to send ``reuse``
 
 LOG = logging.getLogger("routespec.worker")
 TaskBody = Callable[..., Awaitable[None]]
@@ -238,20 +238,27 @@ class WorkerServer:
 
     async def _serve_requests(self, connection: FramedConnection, peer: IPAddress | None) -> None:
         try:
-            while True:
-                try:
-                    message = await connection.read_request()
-                except OverBudget as refused:  # TRN-026: its bytes were dropped, not held
-                    await connection.send(encode_ack(f"{RejectionKind.OVERLOADED.value} {refused}"))
-                    continue
-                if message is None:
-                    return
-                size = 8 + len(message.path.encode()) + len(message.headers) + len(message.payload)
-                self.bytes_received[message.path if message.path in self._handlers else ""] += size
-                reuse = REUSE_HEADER in message.headers  # the caller offers reuse (TRN-028)
-                await self._accept(connection, message.path, message.payload, reuse)
+            with connection.ending_when_idle():
+                await self._read_requests(connection)
         except (WireProtocolError, ConnectionIdle, *CONNECTION_ERRORS):
-            return  # a broken, silent or vanished peer loses only its own connection (TRN-012)
+            pass  # a broken, silent or vanished peer loses only its own connection (TRN-012)
+        if connection.holding:  # the ACKs of the requests read before the fault or the end
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await connection.send(b"")
+
+    async def _read_requests(self, connection: FramedConnection) -> None:
+        while True:
+            try:
+                message = await connection.read_request()
+            except OverBudget as refused:  # TRN-026: its bytes were dropped, not held
+                await connection.send(encode_ack(f"{RejectionKind.OVERLOADED.value} {refused}"))
+                continue
+            if message is None:
+                return
+            size = 8 + len(message.path.encode()) + len(message.headers) + len(message.payload)
+            self.bytes_received[message.path if message.path in self._handlers else ""] += size
+            reuse = REUSE_HEADER in message.headers  # the caller offers reuse (TRN-028)
+            await self._accept(connection, message.path, message.payload, reuse)
 
     async def _accept(
         self, connection: FramedConnection, path: str, payload: bytes, reuse: bool = False
@@ -282,14 +289,14 @@ class WorkerServer:
                 read = attrs.evolve(read, request_stream=inputs)
         if unusable is not None or not isinstance(read, ControlMessage):
             assert unusable is not None
-            await connection.send(encode_ack(""))
+            await _ack(connection, "")
             invalid = RoutingError(ErrorKind.INVALID_ARGUMENT, f"{UNUSABLE}: {unusable}")
             self._start(peer, self._fail_in_prologue, response, invalid)
             return
         control = attrs.evolve(read, response=response)
         handler = self._handlers.get(path)
         if handler is None:
-            await connection.send(encode_ack(f"Server unavailable: no endpoint at {path}"))
+            await _ack(connection, f"Server unavailable: no endpoint at {path}")
             return
         failure: WireProtocolError | None = None
         body: object = None
@@ -306,14 +313,21 @@ class WorkerServer:
             rejection = Rejection(RejectionKind.UNAVAILABLE, f"admission failed: {error}")
         if self._draining:  # WorkerUnavailable at the caller: it migrates the request
             rejection = Rejection(RejectionKind.UNAVAILABLE, SHUTTING_DOWN)
-        await connection.send(encode_ack("" if rejection is None else rejection.ack_text()))
-        if rejection is None:
-            pool = self.response_pool if reuse and control.request_stream is None else None
-            self._start(peer, self._respond, control, handler, request, failure, pool)
+        if rejection is not None:
+            await _ack(connection, rejection.ack_text())
+            return
+        # The ACK leaves with the stream's first write, or as soon as the stream's task
+        # first waits (``_acked_then``): the caller then reads both in one wake-up.
+        connection.hold(encode_ack(""))
+        pool = self.response_pool if reuse and control.request_stream is None else None
+        assert self._nursery is not None
+        self._nursery.start_soon(
+            _acked_then, connection, peer, self._respond, control, handler, request, failure, pool
+        )
 
     async def _refuse(self, connection: FramedConnection, error: WireProtocolError) -> None:
         """Refuse at the ACK, naming the field, when no usable response address exists."""
-        await connection.send(encode_ack(f"{RejectionKind.UNAVAILABLE.value} {UNUSABLE}: {error}"))
+        await _ack(connection, f"{RejectionKind.UNAVAILABLE.value} {UNUSABLE}: {error}")
 
     async def _vetted(
         self, address: StreamAddress, name: str, peer: IPAddress | None
@@ -402,10 +416,11 @@ class WorkerServer:
             ) as output:
                 ended = await self.send_items(output, control.payload_codec, items, watch=True)
                 if ended and pool is not None:
-                    await _await_release(output)
+                    await _await_release(output, pool)
         finally:
-            with trio.CancelScope(shield=True):
-                await items.aclose()
+            if not _finished(items):
+                with trio.CancelScope(shield=True):
+                    await items.aclose()
 
     async def send_items(
         self,
@@ -418,33 +433,72 @@ class WorkerServer:
         """Data frames, an error item if the handler fails or a drain cuts the stream, then
         final frame and sentinel (True once they are sent). With ``watch``, a ``stop`` or
         ``kill`` from the caller, or the caller going away, ends the stream at once."""
-        drained = trio.CancelScope()  # cancelled by ``drain`` after its grace period
-        self._open_streams.add(drained)
+        # One scope per stream: ``drain`` cancels it after its grace period (the stream then
+        # ends with an error item), a caller's stop or kill too (it ends there).
+        stream = trio.CancelScope()
+        self._open_streams.add(stream)
+        watcher = _Watcher(connection, self._nursery, stream) if watch else None
+        out = FrameWriter(connection, None if watcher is None else watcher.start)
         try:
-            async with FrameWriter.open(connection, _watch_control if watch else None) as out:
-                with drained:
-                    try:
-                        async for item in items:
-                            if not await self.send_item(out, codec, item):
-                                return False  # the stream ends here, without a final frame
-                    except RoutingError as error:
-                        await out.write(data_frame(codec, error_annotated(error)))
-                    except Exception as error:  # TRN-023: the handler's fault ends its stream
-                        failure = RoutingError(BackendKind.UNKNOWN, one_line(error))
-                        await out.write(data_frame(codec, error_annotated(failure)))
-                if drained.cancelled_caught:
-                    cut = RoutingError(BackendKind.ENGINE_SHUTDOWN, STREAM_CUT_AT_SHUTDOWN)
-                    await out.write(data_frame(codec, error_annotated(cut)))
-                await out.write(final_frame(codec) + SENTINEL_FRAME)
-            return out.flushed  # False when a stop, a kill or a close cut it short
-        finally:  # after the writer has flushed: a drain waits for the frames to leave
-            self._open_streams.discard(drained)
+            with stream:
+                try:
+                    while True:
+                        try:
+                            item = await before_waiting(items.__anext__(), out.about_to_wait)
+                        except StopAsyncIteration:
+                            break
+                        if not await self.send_item(out, codec, item):
+                            await out.flush()
+                            return False  # the stream ends here, without a final frame
+                except RoutingError as error:
+                    await out.write(data_frame(codec, error_annotated(error)))
+                except Exception as error:  # TRN-023: the handler's fault ends its stream
+                    failure = RoutingError(BackendKind.UNKNOWN, one_line(error))
+                    await out.write(data_frame(codec, error_annotated(failure)))
+            if watcher is not None and watcher.stopped:
+                return False  # a stop, a kill or a close cut it short
+            if stream.cancelled_caught:
+                cut = RoutingError(BackendKind.ENGINE_SHUTDOWN, STREAM_CUT_AT_SHUTDOWN)
+                await out.write(data_frame(codec, error_annotated(cut)))
+            await out.write(final_frame(codec) + SENTINEL_FRAME)
+            await out.flush()
+            return True
+        finally:  # after the frames have left: a drain waits for them
+            if watcher is not None:
+                with trio.CancelScope(shield=True):
+                    await watcher.ended()
+            self._open_streams.discard(stream)
             self._streams_changed.set()
 
     async def send_item(self, out: FrameWriter, codec: PayloadCodec, item: object) -> bool:
         """Write one item; False ends the stream at once."""
         await out.write(data_frame(codec, {"data": item}))
         return True
+
+
+def _finished(items: AsyncGenerator[object, None]) -> bool:
+    """An async generator that ran to its end: closing it cannot wait, or do anything."""
+    return getattr(items, "ag_frame", True) is None
+
+
+async def _ack(connection: FramedConnection, text: str) -> None:
+    """Send an ACK; while another whole request is buffered behind it, hold it to leave with
+    that request's ACK, in one write (the response streams start after both are sent)."""
+    if connection.request_buffered():
+        connection.hold(encode_ack(text))
+    else:
+        await connection.send(encode_ack(text))
+
+
+async def _acked_then(
+    connection: FramedConnection, peer: IPAddress | None, body: TaskBody, *args: object
+) -> None:
+    """``_guarded``, sending the ACKs ``connection`` holds before the task first waits (or
+    when it ends, if it never does)."""
+    try:
+        await before_waiting(_guarded(peer, body, *args), connection.send_held_nowait)
+    finally:
+        connection.send_held_nowait()
 
 
 async def _guarded(peer: IPAddress | None, body: TaskBody, *args: object) -> None:
@@ -546,35 +600,79 @@ async def _read_inputs(
         yield wrapper.get("data")
 
 
-async def _await_release(connection: FramedConnection) -> None:
+async def _await_release(connection: FramedConnection, pool: ResponsePool) -> None:
     """After the sentinel, the caller's ``reuse``, if it comes soon (TRN-028): then, and only
-    then, the connection is marked released (nothing follows it until the next stream)."""
+    then, the connection is marked released (nothing follows it until the next stream). The
+    pool's sweep closes the connection if it does not come within ``RELEASE_WAIT`` (one
+    timer for all streams rather than a cancel scope for each)."""
     if connection.released:  # the stream's watcher read it
         return
-    with trio.move_on_after(RELEASE_WAIT):
-        try:
-            frame = await connection.read_two_part(MAX_CONTROL_BYTES)
-            connection.released = (
-                frame is not None
-                and not frame.body
-                and decode_json(frame.header, "control") == REUSE
-                and not connection.buffered
-            )
-        except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
-            pass
-
-
-async def _watch_control(connection: FramedConnection, stream_scope: trio.CancelScope) -> None:
-    """End the stream when the caller sends ``stop``/``kill`` or goes away; a ``reuse``
-    (sent only after the sentinel, which ended the stream) ends the watch alone."""
+    pool.awaiting_release(connection)
     try:
-        while (frame := await connection.read_two_part(MAX_CONTROL_BYTES)) is not None:
-            word = decode_json(frame.header, "control") if frame.header else None
-            if word == REUSE and not frame.body and not connection.buffered:
-                connection.released = True
-                return
-            if word in (STOP, KILL):
-                break
+        frame = await connection.read_two_part(MAX_CONTROL_BYTES)
+        connection.released = (
+            frame is not None
+            and not frame.body
+            and (
+                frame.header == REUSE_FRAME_HEADER or decode_json(frame.header, "control") == REUSE
+            )
+            and not connection.buffered
+        )
     except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
         pass
-    stream_scope.cancel()
+    finally:
+        pool.release_ended(connection)
+
+
+class _Watcher:
+    """While a stream's producer waits (for its handler or the socket), reads the caller's
+    control words: a ``stop`` or ``kill``, or the caller going away, cancels the stream; a
+    ``reuse`` (sent only after the sentinel, which ended the stream) ends the watch alone.
+    Started the first time the producer is about to wait (a stream whose items are all
+    ready needs none), in the server's nursery; ``ended`` stops it before anything else
+    reads the connection."""
+
+    def __init__(
+        self, connection: FramedConnection, nursery: trio.Nursery | None, stream: trio.CancelScope
+    ) -> None:
+        self._connection = connection
+        self._nursery = nursery
+        self._stream = stream
+        self._scope: trio.CancelScope | None = None
+        self._done = trio.Event()
+        self.stopped = False  # the caller stopped the stream
+
+    def start(self) -> None:
+        if self._scope is None and self._nursery is not None:
+            self._scope = trio.CancelScope()
+            self._nursery.start_soon(self._watch, self._scope)
+
+    async def ended(self) -> None:
+        """Stop watching, and wait until the watch has let go of the connection."""
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._done.wait()
+
+    def _stop(self) -> None:
+        self.stopped = True
+        self._stream.cancel()
+
+    async def _watch(self, scope: trio.CancelScope) -> None:
+        connection = self._connection
+        try:
+            with scope:
+                while (frame := await connection.read_two_part(MAX_CONTROL_BYTES)) is not None:
+                    word = decode_json(frame.header, "control") if frame.header else None
+                    if word == REUSE and not frame.body and not connection.buffered:
+                        connection.released = True
+                        return
+                    if word in (STOP, KILL):
+                        break
+                self._stop()
+        except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
+            self._stop()
+        except Exception as error:  # TRN-023: a fault here ends this stream only
+            LOG.warning("worker: watching a response stream failed: %s", one_line(error))
+            self._stop()
+        finally:
+            self._done.set()
