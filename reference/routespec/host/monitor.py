@@ -27,8 +27,10 @@ def classify_item(item: Annotated) -> ItemClass:
     if item.error is not None:
         return ItemClass.FAILED
     data = item.data
-    finish = data.get("finish_reason") if isinstance(data, (dict, Mapping)) else None
-    if finish in DRAINABLE_FINISH_REASONS:
+    # ``type(...) is dict`` first: the ABC check costs more than the rest of the item's trip
+    if (type(data) is dict or isinstance(data, Mapping)) and data.get(
+        "finish_reason"
+    ) in DRAINABLE_FINISH_REASONS:
         return ItemClass.DRAINABLE_TERMINAL
     return ItemClass.HEALTHY
 
