@@ -35,9 +35,12 @@ class PayloadCodec(enum.Enum):
         if name is None:
             return cls.JSON
         try:
-            return cls(name)
-        except ValueError:
+            return _BY_NAME[name]
+        except (KeyError, TypeError):
             raise WireProtocolError("payload_codec", f"unknown codec {name!r}") from None
+
+
+_BY_NAME: dict[object, PayloadCodec] = {codec.value: codec for codec in PayloadCodec}
 
 
 def decode_json(data: bytes, field: str) -> object:

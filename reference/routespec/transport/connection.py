@@ -401,7 +401,12 @@ class FramedConnection:
             frame = self._buffered_two_part(limit)
             if frame is not None:
                 return frame
-        if not await self._fill(TWO_PART_PREFIX.size, "two_part", at_boundary=True):
+            if not await self._fill(TWO_PART_PREFIX.size, "two_part", at_boundary=True):
+                return None
+            frame = self._buffered_two_part(limit)  # the chunk often holds the whole frame
+            if frame is not None:
+                return frame
+        elif not await self._fill(TWO_PART_PREFIX.size, "two_part", at_boundary=True):
             return None
         header_len, body_len = two_part_lengths(self._take(TWO_PART_PREFIX.size), limit)
         header = await self._part(header_len, "two_part.header")
@@ -417,7 +422,9 @@ class FramedConnection:
         buffer, prefix = self._buffer, TWO_PART_PREFIX.size
         if len(buffer) < prefix:
             return None
-        header_len, body_len = two_part_lengths(bytes(buffer[:prefix]), limit)
+        header_len, body_len, _checksum = TWO_PART_PREFIX.unpack_from(buffer)
+        if header_len > limit or body_len > limit - header_len:
+            two_part_lengths(bytes(buffer[:prefix]), limit)  # raises, naming the field
         end = prefix + header_len + body_len
         if len(buffer) < end:
             return None
@@ -483,6 +490,13 @@ class FramedConnection:
         return message
 
     async def read_ack(self) -> str:
+        buffer, prefix = self._buffer, ACK_PREFIX.size
+        if len(buffer) >= prefix:  # ACKs come in batches: most are wholly buffered
+            (length,) = ACK_PREFIX.unpack_from(buffer)
+            if length <= MAX_ACK_BYTES and len(buffer) >= prefix + length:
+                text = buffer[prefix : prefix + length].decode(errors="replace")
+                del buffer[: prefix + length]
+                return text
         (length,) = ACK_PREFIX.unpack(await self._exactly(ACK_PREFIX.size, "ack.len"))
         check_length("ack.len", length, MAX_ACK_BYTES)
         return (await self._exactly(length, "ack")).decode(errors="replace")

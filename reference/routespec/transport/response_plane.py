@@ -78,7 +78,7 @@ class ResponsePlane:
         self.address = ""
         self._pending: dict[str, PendingStream] = {}
         self._handed: set[FramedConnection] = set()  # streams handed over and still open
-        self._nursery: trio.Nursery | None = None
+        self._lent: dict[FramedConnection, trio.Event] = {}  # set when one comes back
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
@@ -86,7 +86,6 @@ class ResponsePlane:
         task_status.started()
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 for listener in listeners:
                     nursery.start_soon(self._serve, listener, nursery)
         finally:
@@ -94,8 +93,7 @@ class ResponsePlane:
                 connection.close_now()
 
     async def _serve(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        # As trio.serve_listeners, but a handler hands its stream over and returns, instead
-        # of staying to close it: no task waits on each open stream.
+        # As trio.serve_listeners, but running out of descriptors waits instead of failing.
         async with listener:
             while True:
                 stream: trio.SocketStream | None = None
@@ -129,38 +127,62 @@ class ResponsePlane:
     def release(self, connection: FramedConnection) -> bool:
         """Give a connection read to its sentinel back to the worker that offered it for
         reuse, and wait for its next stream there (TRN-028); False if it cannot be."""
-        if self._nursery is None or connection.buffered or connection.closed.is_set():
+        if connection.buffered or connection.closed.is_set():
+            return False
+        returned = self._lent.pop(connection, None)
+        if returned is None:
             return False
         self._handed.discard(connection)
         connection.on_close = None
         connection.reuse_offered = False
-        # Sent now rather than by the task below, so that it leaves before this caller's
-        # next request, which the worker may want this connection for.
+        # Sent now rather than by the task that waits for the next handshake, so that it
+        # leaves before this caller's next request, which the worker may want it for.
         connection.hold(REUSE_FRAME)
         connection.send_held_nowait()
-        self._nursery.start_soon(self._accept, connection, True)
+        returned.set()
         return True
 
-    async def _accept(self, connection: FramedConnection, released: bool = False) -> None:
-        """Match a dialled-in (or released) connection to its registration by the
-        handshake; it is then the registration's (its reader closes it), or closed here. A
-        released connection first tells the worker so, then waits without a deadline: only
-        the worker gives it up."""
-        handed = False
+    async def _accept(self, connection: FramedConnection) -> None:
+        """Match a dialled-in connection to its registration by the handshake; it is then
+        the registration's (its reader closes it, or releases it), or closed here. One task
+        per connection: a released connection comes back to it and waits, without a
+        deadline (only the worker gives it up), for its next handshake."""
+        released = False
         try:
-            pending = None
-            if released:
-                pending = await self._read_handshake(connection)
-            else:
-                with trio.move_on_after(HANDSHAKE_TIMEOUT):
-                    pending = await self._read_handshake(connection)
-            handed = pending is not None and pending.connect(connection)
-            if handed:
-                self._handed.add(connection)
-                connection.on_close = self._handed.discard
+            while self._hand_over(connection, await self._handshake(connection, released)):
+                returned = trio.Event()
+                self._lent[connection] = returned
+                await returned.wait()
+                if connection.closed.is_set():
+                    return
+                released = True
         finally:
-            if not handed:
+            if connection not in self._handed:  # not a stream's: nobody else closes it
                 connection.close_now()
+
+    async def _handshake(
+        self, connection: FramedConnection, released: bool
+    ) -> PendingStream | None:
+        if released:
+            return await self._read_handshake(connection)
+        with trio.move_on_after(HANDSHAKE_TIMEOUT):
+            return await self._read_handshake(connection)
+        return None
+
+    def _hand_over(self, connection: FramedConnection, pending: PendingStream | None) -> bool:
+        """Give ``connection`` to ``pending``; closed if it cannot be."""
+        if pending is not None and pending.connect(connection):
+            self._handed.add(connection)
+            connection.on_close = self._closed_while_lent
+            return True
+        connection.close_now()
+        return False
+
+    def _closed_while_lent(self, connection: FramedConnection) -> None:
+        self._handed.discard(connection)
+        returned = self._lent.pop(connection, None)
+        if returned is not None:
+            returned.set()  # its task ends
 
     async def _read_handshake(self, connection: FramedConnection) -> PendingStream | None:
         """The registration the connection's handshake names, if it is pending."""

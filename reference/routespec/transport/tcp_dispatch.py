@@ -288,6 +288,8 @@ async def _pump(
 
 
 def _raise_rejection(ack: str) -> None:
+    if not ack:  # accepted
+        return
     for kind in RejectionKind:
         if ack.startswith(kind.value):
             raise Rejection(kind, ack[len(kind.value) :].strip()).to_error()

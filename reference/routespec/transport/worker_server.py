@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import ipaddress
+import json
 import logging
 import resource
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -87,6 +89,7 @@ DEFAULT_MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 RESOLVE_TIMEOUT = 5.0  # for a stream address that names a host rather than an IP address
 
 LOG = logging.getLogger("routespec.worker")
+_json = json.encoder.encode_basestring_ascii  # a str as encode_json writes it
 TaskBody = Callable[..., Awaitable[None]]
 
 
@@ -118,6 +121,7 @@ def data_frame(codec: PayloadCodec, annotated: dict[str, object]) -> bytes:
     return TwoPart(body=codec.encode({"data": annotated, "complete_final": False})).encode()
 
 
+@functools.cache
 def final_frame(codec: PayloadCodec) -> bytes:
     return TwoPart(body=codec.encode({"complete_final": True})).encode()
 
@@ -464,7 +468,7 @@ class WorkerServer:
             await out.flush()
             return True
         finally:  # after the frames have left: a drain waits for them
-            if watcher is not None:
+            if watcher is not None and watcher.started:
                 with trio.CancelScope(shield=True):
                     await watcher.ended()
             self._open_streams.discard(stream)
@@ -559,10 +563,11 @@ async def _dial(
         connection = FramedConnection(await open_stream(address.address), budget=budget)
     kept = False
     try:
-        handshake: dict[str, object] = {"subject": address.subject, "stream_type": stream_type}
-        if pool is not None:
-            handshake["reuse"] = True
-        introduction = TwoPart(header=encode_json(handshake)).encode() + then
+        reuse = ',"reuse":true' if pool is not None else ""
+        handshake = (  # what encode_json gives for the map, without building it
+            f'{{"subject":{_json(address.subject)},"stream_type":"{stream_type}"{reuse}}}'
+        )
+        introduction = TwoPart(header=handshake.encode()).encode() + then
         if hold:
             connection.hold(introduction)
         else:
@@ -641,6 +646,10 @@ class _Watcher:
         self._scope: trio.CancelScope | None = None
         self._done = trio.Event()
         self.stopped = False  # the caller stopped the stream
+
+    @property
+    def started(self) -> bool:
+        return self._scope is not None
 
     def start(self) -> None:
         if self._scope is None and self._nursery is not None:
