@@ -142,6 +142,7 @@ class FramedConnection:
         self._charged = 0  # bytes of this connection counted in the budget
         self._idle_timeout = idle_timeout
         self._idle_scope: trio.CancelScope | None = None
+        self._wait_first = False  # ``expect_a_wait``
         self.closed = trio.Event()
         self.on_close: Callable[[FramedConnection], None] | None = None  # called once
         self.reuse_offered = False  # a response stream's: the worker may take another here
@@ -281,6 +282,9 @@ class FramedConnection:
         if not isinstance(self.stream, trio.SocketStream):
             return await self._wait_for(functools.partial(self.stream.receive_some, RECEIVE_CHUNK))
         sock = self.stream.socket
+        if self._wait_first:
+            self._wait_first = False
+            return await self._wait_for(functools.partial(_receive_from_socket, sock))
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
             data = os.read(sock.fileno(), RECEIVE_CHUNK)
@@ -288,6 +292,11 @@ class FramedConnection:
             return await self._wait_for(functools.partial(_receive_from_socket, sock))
         await _sometimes_yield()
         return data
+
+    def expect_a_wait(self) -> None:
+        """The next receive waits for the socket before reading: the caller knows nothing
+        can have arrived yet, so the read that would only fail is not tried."""
+        self._wait_first = True
 
     async def _wait_for(
         self, receive: Callable[[], Awaitable[bytes | bytearray]]
@@ -443,6 +452,9 @@ class FramedConnection:
             return buffered
         if not await self._fill(U16.size, "request.path_len", at_boundary=True):
             return None
+        buffered = self._buffered_request()  # the chunk often holds the whole request
+        if buffered is not None:
+            return buffered
         (path_len,) = U16.unpack(self._take(U16.size))
         path = await self._part(path_len, "request.path")
         (headers_len,) = U16.unpack(await self._exactly(U16.size, "request.headers_len"))

@@ -156,6 +156,7 @@ class ResponsePlane:
                 if connection.closed.is_set():
                     return
                 released = True
+                connection.expect_a_wait()  # the worker has not seen the release yet
         finally:
             if connection not in self._handed:  # not a stream's: nobody else closes it
                 connection.close_now()

@@ -297,7 +297,7 @@ class WorkerServer:
             invalid = RoutingError(ErrorKind.INVALID_ARGUMENT, f"{UNUSABLE}: {unusable}")
             self._start(peer, self._fail_in_prologue, response, invalid)
             return
-        control = attrs.evolve(read, response=response)
+        control = read if response is read.response else attrs.evolve(read, response=response)
         handler = self._handlers.get(path)
         if handler is None:
             await _ack(connection, f"Server unavailable: no endpoint at {path}")
@@ -613,6 +613,8 @@ async def _await_release(connection: FramedConnection, pool: ResponsePool) -> No
     if connection.released:  # the stream's watcher read it
         return
     pool.awaiting_release(connection)
+    if not connection.buffered:
+        connection.expect_a_wait()  # the caller has not read the sentinel yet
     try:
         frame = await connection.read_two_part(MAX_CONTROL_BYTES)
         connection.released = (
