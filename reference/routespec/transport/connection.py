@@ -170,10 +170,6 @@ class FramedConnection:
         finally:
             self._send_lock.release()
 
-    @property
-    def is_socket(self) -> bool:
-        return isinstance(self.stream, trio.SocketStream)
-
     def send_nowait(self, data: bytes) -> bytes:
         """Write what is held, then ``data``, as far as the socket takes it now; returns
         the rest (all of it while another task is sending)."""

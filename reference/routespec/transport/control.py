@@ -9,6 +9,7 @@ worker may dial back to is a ``DialBackPolicy`` (TRN-027).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import re
@@ -44,6 +45,7 @@ def shown(value: object) -> str:
     return text if len(text) <= SHOWN else f"{text[: SHOWN - 1]}…"
 
 
+@functools.lru_cache(maxsize=1024)  # a worker sees the same few addresses on every request
 def host_port(address: str, field: str) -> tuple[str, int]:
     """``host:port`` (an IPv6 host optionally in brackets) with a port in 1..65535 and a host
     that is an IP address or a host name; anything else is a ``WireProtocolError``."""
@@ -214,6 +216,8 @@ def _object(value: object, field: str) -> dict[str, object]:
 def _string(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise WireProtocolError(field, f"expected a string, got {type(value).__name__}")
+    if value.isascii():  # most are: no lone surrogate to look for
+        return value
     try:
         value.encode()
     except UnicodeEncodeError:  # a JSON escape of a lone surrogate: no codec can send it

@@ -22,12 +22,17 @@ HIGH_WATER_BYTES = 256 * 1024
 T = TypeVar("T")
 
 
+def _nothing() -> None:
+    pass
+
+
 class FrameWriter:
-    """``on_wait``, if given, is called each time the producer is about to wait: for its
-    handler (``about_to_wait``) or for the socket (``flush``)."""
+    """Writes a response stream's frames on a socket connection (one the worker dialled).
+    ``on_wait`` is called each time the producer is about to wait: for its handler
+    (``about_to_wait``) or for the socket (``flush``)."""
 
     def __init__(
-        self, connection: FramedConnection, on_wait: Callable[[], None] | None = None
+        self, connection: FramedConnection, on_wait: Callable[[], None] = _nothing
     ) -> None:
         self._connection = connection
         self._on_wait = on_wait
@@ -44,9 +49,7 @@ class FrameWriter:
     def send_now(self) -> None:
         """Write what is queued (and what the connection holds) as far as the socket takes
         it without waiting; the rest stays queued."""
-        if self._failure is not None or not self._connection.is_socket:
-            return
-        if not self._pending and not self._connection.holding:
+        if self._failure is not None:
             return
         batch = self._take()
         try:
@@ -58,21 +61,16 @@ class FrameWriter:
     def about_to_wait(self) -> None:
         """The producer is about to wait: what is queued leaves now."""
         self.send_now()
-        if self._on_wait is not None:
-            self._on_wait()
+        self._on_wait()
 
     async def flush(self) -> None:
         """Send everything queued. A cancellation leaves what was not sent queued, whole."""
-        if not self._connection.is_socket:
-            await self._connection.send(self._take())
-            return
         while self._pending or self._connection.holding:
             self.send_now()
             if self._failure is not None:
                 raise self._failure
             if self._pending:
-                if self._on_wait is not None:
-                    self._on_wait()
+                self._on_wait()
                 await self._connection.wait_writable()
 
     def _take(self) -> bytes:
@@ -87,7 +85,8 @@ def before_waiting(
     awaitable: Awaitable[T], about_to_wait: Callable[[], None]
 ) -> Generator[Any, Any, T]:
     """Await ``awaitable``; if it is about to suspend the task, call ``about_to_wait()``
-    first (once). Each suspension is passed on to trio unchanged."""
+    first (once). Each suspension is passed on to trio unchanged, and so is what trio
+    resumes the task with: trio only ever ``send``s a task its outcome, never throws."""
     inner = awaitable.__await__()
     try:
         signal = inner.send(None)
@@ -96,17 +95,6 @@ def before_waiting(
     about_to_wait()
     while True:
         try:
-            sent = yield signal
-        except GeneratorExit:
-            inner.close()
-            raise
-        except BaseException as error:  # passed on to the awaitable
-            try:
-                signal = inner.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-        else:
-            try:
-                signal = inner.send(sent)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+            signal = inner.send((yield signal))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]

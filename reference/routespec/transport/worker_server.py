@@ -442,7 +442,7 @@ class WorkerServer:
         stream = trio.CancelScope()
         self._open_streams.add(stream)
         watcher = _Watcher(connection, self._nursery, stream) if watch else None
-        out = FrameWriter(connection, None if watcher is None else watcher.start)
+        out = FrameWriter(connection) if watcher is None else FrameWriter(connection, watcher.start)
         try:
             with stream:
                 try:
