@@ -147,6 +147,7 @@ class FramedConnection:
         self.on_close: Callable[[FramedConnection], None] | None = None  # called once
         self.reuse_offered = False  # a response stream's: the worker may take another here
         self.released = False  # the caller sent ``reuse`` after the stream (TRN-028)
+        self.before_send: Callable[[], None] | None = None  # called once, before a write
 
     @functools.cached_property
     def peer(self) -> IPAddress | None:
@@ -161,6 +162,8 @@ class FramedConnection:
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
+            if self.before_send is not None:
+                self._before_send()
             if self._held:
                 data, self._held = self._held + data, b""
             if isinstance(self.stream, trio.SocketStream):
@@ -173,6 +176,8 @@ class FramedConnection:
     def send_nowait(self, data: bytes) -> bytes:
         """Write what is held, then ``data``, as far as the socket takes it now; returns
         the rest (all of it while another task is sending)."""
+        if self.before_send is not None:
+            self._before_send()
         if self._held:
             data, self._held = self._held + data, b""
         if not data or self._send_lock.locked() or not isinstance(self.stream, trio.SocketStream):
@@ -182,6 +187,11 @@ class FramedConnection:
         except BlockingIOError:
             return data
         return data[sent:] if sent < len(data) else b""
+
+    def _before_send(self) -> None:
+        assert self.before_send is not None
+        before, self.before_send = self.before_send, None
+        before()
 
     def send_held_nowait(self) -> None:
         """Write what ``hold`` kept, as far as the socket takes it now; the rest stays held

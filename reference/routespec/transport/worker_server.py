@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import functools
 import ipaddress
 import json
@@ -494,11 +495,19 @@ async def _ack(connection: FramedConnection, text: str) -> None:
         await connection.send(encode_ack(text))
 
 
+# In a stream's task (``_acked_then``): what sends the request's held ACK, which should
+# leave just before the stream's first write, so that the caller finds both at once.
+_ACK_FIRST: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "routespec_ack_first", default=None
+)
+
+
 async def _acked_then(
     connection: FramedConnection, peer: IPAddress | None, body: TaskBody, *args: object
 ) -> None:
     """``_guarded``, sending the ACKs ``connection`` holds before the task first waits (or
     when it ends, if it never does)."""
+    _ACK_FIRST.set(connection.send_held_nowait)  # this task's context only
     try:
         await before_waiting(_guarded(peer, body, *args), connection.send_held_nowait)
     finally:
@@ -561,6 +570,7 @@ async def _dial(
     connection = None if pool is None else pool.take(address.address)
     if connection is None:
         connection = FramedConnection(await open_stream(address.address), budget=budget)
+    connection.before_send = _ACK_FIRST.get()  # the ACK leaves just ahead of the stream
     kept = False
     try:
         reuse = ',"reuse":true' if pool is not None else ""
