@@ -666,13 +666,15 @@ class _Watcher:
     def start(self) -> None:
         if self._scope is None and self._nursery is not None:
             self._scope = trio.CancelScope()
-            self._nursery.start_soon(self._watch, self._scope)
+            # _guarded: whatever goes wrong here ends this watch only (TRN-023)
+            self._nursery.start_soon(_guarded, self._connection.peer, self._watch, self._scope)
 
     async def ended(self) -> None:
-        """Stop watching, and wait until the watch has let go of the connection."""
-        if self._scope is not None:
-            self._scope.cancel()
-            await self._done.wait()
+        """Stop watching (once ``started``), and wait until the watch has let go of the
+        connection."""
+        assert self._scope is not None
+        self._scope.cancel()
+        await self._done.wait()
 
     def _stop(self) -> None:
         self.stopped = True
@@ -691,9 +693,6 @@ class _Watcher:
                         break
                 self._stop()
         except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
-            self._stop()
-        except Exception as error:  # TRN-023: a fault here ends this stream only
-            LOG.warning("worker: watching a response stream failed: %s", one_line(error))
             self._stop()
         finally:
             self._done.set()
