@@ -162,10 +162,7 @@ class FramedConnection:
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            if self.before_send is not None:
-                self._before_send()
-            if self._held:
-                data, self._held = self._held + data, b""
+            data = self._outgoing(data)
             if isinstance(self.stream, trio.SocketStream):
                 await _send_on_socket(self.stream.socket, data)
             else:
@@ -176,10 +173,7 @@ class FramedConnection:
     def send_nowait(self, data: bytes) -> bytes:
         """Write what is held, then ``data``, as far as the socket takes it now; returns
         the rest (all of it while another task is sending)."""
-        if self.before_send is not None:
-            self._before_send()
-        if self._held:
-            data, self._held = self._held + data, b""
+        data = self._outgoing(data)
         if not data or self._send_lock.locked() or not isinstance(self.stream, trio.SocketStream):
             return data
         try:
@@ -188,10 +182,15 @@ class FramedConnection:
             return data
         return data[sent:] if sent < len(data) else b""
 
-    def _before_send(self) -> None:
-        assert self.before_send is not None
-        before, self.before_send = self.before_send, None
-        before()
+    def _outgoing(self, data: bytes) -> bytes:
+        """What a write of ``data`` sends: ``before_send`` runs first (once), and what
+        ``hold`` kept goes ahead of ``data``."""
+        if self.before_send is not None:
+            before, self.before_send = self.before_send, None
+            before()
+        if self._held:
+            data, self._held = self._held + data, b""
+        return data
 
     def send_held_nowait(self) -> None:
         """Write what ``hold`` kept, as far as the socket takes it now; the rest stays held
@@ -256,19 +255,24 @@ class FramedConnection:
 
     def request_buffered(self) -> bool:
         """Whether a whole request message is buffered, so that reading it cannot wait."""
-        return self._request_end() is not None
+        return self._request_layout() is not None
 
-    def _request_end(self) -> int | None:
-        """Where the buffered request message ends, if it is wholly buffered."""
-        buffer, end = self._buffer, 0
-        for size in (U16, U16):
-            if len(buffer) < end + size.size:
-                return None
-            end += size.size + size.unpack_from(buffer, end)[0]
-        if len(buffer) < end + U32.size:
+    def _request_layout(self) -> tuple[int, int, int] | None:
+        """The buffered request message's path and headers lengths and where it ends, if
+        it is wholly buffered."""
+        buffer = self._buffer
+        if len(buffer) < U16.size:
             return None
-        end += U32.size + U32.unpack_from(buffer, end)[0]
-        return end if len(buffer) >= end else None
+        (path_len,) = U16.unpack_from(buffer)
+        headers_at = U16.size + path_len
+        if len(buffer) < headers_at + U16.size:
+            return None
+        (headers_len,) = U16.unpack_from(buffer, headers_at)
+        payload_len_at = headers_at + U16.size + headers_len
+        if len(buffer) < payload_len_at + U32.size:
+            return None
+        end = payload_len_at + U32.size + U32.unpack_from(buffer, payload_len_at)[0]
+        return (path_len, headers_len, end) if len(buffer) >= end else None
 
     def release(self) -> None:
         """Give back every byte this connection counts in its budget (when it ends)."""
@@ -483,14 +487,13 @@ class FramedConnection:
     def _buffered_request(self) -> RequestMessage | None:
         """The next request if it is wholly buffered and fits every limit, in one step;
         None leaves it to ``read_request``'s checks, which name the field at fault."""
-        end = self._request_end()
-        if end is None:
+        layout = self._request_layout()
+        if layout is None:
             return None
+        path_len, headers_len, end = layout
         buffer, budget = self._buffer, self._budget
         if budget is not None and budget.used - (len(buffer) - end) > budget.limit:
             return None
-        (path_len,) = U16.unpack_from(buffer, 0)
-        (headers_len,) = U16.unpack_from(buffer, U16.size + path_len)
         headers_start = 2 * U16.size + path_len
         payload_start = headers_start + headers_len + U32.size
         if end - payload_start > MAX_MESSAGE_BYTES:

@@ -487,8 +487,8 @@ def _finished(items: AsyncGenerator[object, None]) -> bool:
 
 
 async def _ack(connection: FramedConnection, text: str) -> None:
-    """Send an ACK; while another whole request is buffered behind it, hold it to leave with
-    that request's ACK, in one write (the response streams start after both are sent)."""
+    """Send the ACK of a request that gets no stream of its own; while another whole
+    request is buffered behind it, hold it to leave with what is written next there."""
     if connection.request_buffered():
         connection.hold(encode_ack(text))
     else:
@@ -627,18 +627,23 @@ async def _await_release(connection: FramedConnection, pool: ResponsePool) -> No
         connection.expect_a_wait()  # the caller has not read the sentinel yet
     try:
         frame = await connection.read_two_part(MAX_CONTROL_BYTES)
-        connection.released = (
-            frame is not None
-            and not frame.body
-            and (
-                frame.header == REUSE_FRAME_HEADER or decode_json(frame.header, "control") == REUSE
-            )
-            and not connection.buffered
-        )
+        connection.released = frame is not None and _releases(frame, connection)
     except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
         pass
     finally:
         pool.release_ended(connection)
+
+
+def _control_word(frame: TwoPart) -> object:
+    """The control word a caller's frame carries (None for a frame without a header)."""
+    if frame.header == REUSE_FRAME_HEADER:  # the usual one: no decoding
+        return REUSE
+    return decode_json(frame.header, "control") if frame.header else None
+
+
+def _releases(frame: TwoPart, connection: FramedConnection) -> bool:
+    """The caller's release (TRN-028): a header-only ``reuse``, with nothing after it."""
+    return not frame.body and _control_word(frame) == REUSE and not connection.buffered
 
 
 class _Watcher:
@@ -685,11 +690,10 @@ class _Watcher:
         try:
             with scope:
                 while (frame := await connection.read_two_part(MAX_CONTROL_BYTES)) is not None:
-                    word = decode_json(frame.header, "control") if frame.header else None
-                    if word == REUSE and not frame.body and not connection.buffered:
+                    if _releases(frame, connection):
                         connection.released = True
                         return
-                    if word in (STOP, KILL):
+                    if _control_word(frame) in (STOP, KILL):
                         break
                 self._stop()
         except (WireProtocolError, OverBudget, *CONNECTION_ERRORS):
