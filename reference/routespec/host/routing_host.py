@@ -20,7 +20,7 @@ from routespec.host.affinity import (
     Bound,
     Initialize,
 )
-from routespec.host.budget import CleanupBudget, run_stage
+from routespec.host.budget import CleanupBudget, StopScope, run_stage
 from routespec.host.kv import KvBooking, KvScheduler
 from routespec.host.lora import LoraFilter
 from routespec.host.monitor import MonitoredStream
@@ -174,12 +174,13 @@ class RoutingHost:
         """Route one request; a migrating request's ``exclusions`` are never selected, and a
         failed dispatch records its worker there before the failure is visible (HST-020)."""
         budget = CleanupBudget(clock=self.clock)
-        route = await self._select(
-            request, budget, exclusions, lambda: self._acquire(request, budget)
-        )
-        admission = self._admit(request, route)
-        admission.count_started()  # HST-010
-        return await self._dispatch(request, route, admission, budget, exclusions)
+        with StopScope(request, budget):
+            route = await self._select(
+                request, budget, exclusions, lambda: self._acquire(request, budget)
+            )
+            admission = self._admit(request, route)
+            admission.count_started()  # HST-010
+            return await self._dispatch(request, route, admission, budget, exclusions)
 
     # --- planned routes: preview, plan, dispatch or abort (KV) ---
 
@@ -189,13 +190,15 @@ class RoutingHost:
         self._require_kv("preview")
         budget = CleanupBudget(clock=self.clock)
         budget.deadline()  # a planned route's budget runs from its preview (HST-014)
-        route = await self._select(request, budget, None, lambda: self._read_binding(request))
+        with StopScope(request, budget):
+            route = await self._select(request, budget, None, lambda: self._read_binding(request))
         return RoutePreview(request, route, budget)
 
     async def plan(self, preview: RoutePreview) -> RoutePlan:
         """Admit exactly the previewed worker (KVS-006); the preview's budget carries on."""
         request, route = preview.request, preview.route
-        acquired = await self._acquire(request, preview.budget)
+        with StopScope(request, preview.budget):
+            acquired = await self._acquire(request, preview.budget)
         if isinstance(acquired, Initialize):
             route.pending = acquired
         return RoutePlan(request, route, preview.budget, self._admit(request, route))
@@ -204,7 +207,8 @@ class RoutingHost:
         """The plan's booking becomes the request's (KVS-007)."""
         plan.settle("dispatch")
         plan.admission.count_started()
-        return await self._dispatch(plan.request, plan.route, plan.admission, plan.budget, None)
+        with StopScope(plan.request, plan.budget):
+            return await self._dispatch(plan.request, plan.route, plan.admission, plan.budget, None)
 
     def abort_plan(self, plan: RoutePlan) -> None:
         """Release the booking and any pending affinity initialization (KVS-008)."""
