@@ -456,6 +456,49 @@ def test_a_planned_route_follows_the_binding(target: Target) -> None:
         )
 
 
+@covers("AFF-005")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_the_first_dispatch_binds_the_rank_it_was_pinned_to(target: Target, mode: str) -> None:
+    """A first request pinned to a worker and a dp rank binds both: the rank is part of the
+    target the session's later requests go to."""
+    pinned, _ = workers(target, 2, Serve())
+    host = host_of(target, "AFF-005", hard() if mode == "hard" else soft())
+    host.configure_worker(pinned, dp_size=2)
+    route = HostRoute(session="s", backend_instance_id=pinned, dp_rank=1)
+    went = served(target, host.route(route), "AFF-005", "a first request pinned to rank 1")
+    view = host.session("s")
+    require_equal(
+        "AFF-005",
+        (went, view),
+        ([pinned], SessionView("bound", pinned, 1)),
+        f"the first request, pinned to worker {pinned} rank 1, went to {went} and left the "
+        f"session {view}",
+    )
+
+
+@covers("AFF-005")
+@requires(Capability.ROUTING_HOST, Capability.VANISH_WORKER)
+def test_a_first_dispatch_that_fell_back_binds_the_worker_that_served_it(
+    target: Target,
+) -> None:
+    """Direct mode falls back from a pin whose transport record is gone (HST-008); the
+    session binds the worker that served, without the rank the pin named for another."""
+    pinned, spare = workers(target, 2, Serve())
+    host = host_of(target, "AFF-005", hard("direct"))
+    host.configure_worker(pinned, dp_size=2)
+    target.vanish_worker(pinned)
+    route = HostRoute(session="s", backend_instance_id=pinned, dp_rank=1)
+    went = served(target, host.route(route), "AFF-005", "a pin whose worker vanished")
+    view = host.session("s")
+    require(
+        "AFF-005",
+        went == [spare] and view.state == "bound" and view.worker_id == spare and not view.dp_rank,
+        f"pinned to vanished worker {pinned} rank 1, the first request should fall back to "
+        f"{spare} and bind it with no rank; it went to {went} and the session is {view}",
+    )
+
+
 # --- AFF-006 ---
 
 
