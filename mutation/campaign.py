@@ -12,10 +12,10 @@ from typing import Any
 
 import attrs
 
-from mutation import equivalents, mutmut_driver, report
+from mutation import equivalents, mutmut_driver, report, verdict_store
 from mutation.layers import is_specified
 from mutation.mutmut_driver import Verdict
-from mutation.stage import stage
+from mutation.stage import stage, staged_at
 
 ALIVE = ("survived", "no tests", "suspicious", "not checked")
 
@@ -56,6 +56,7 @@ def execute(plan: Plan) -> dict[str, Any]:
     stages = {adapter: stage(plan.out / adapter, adapter) for adapter in plan.adapters}
     first = stages[plan.adapters[0]]
     mutmut_driver.generate(first, plan.children)
+    keep = plan.sample is None  # a sample judges the suite as it is now: it stores nothing
     everything = {n: v for n, v in mutmut_driver.verdicts(first).items() if is_specified(v.module)}
     known_modules = {v.module for v in everything.values()}
     unknown = sorted(set(plan.modules) - known_modules)
@@ -77,6 +78,8 @@ def execute(plan: Plan) -> dict[str, Any]:
     for adapter, directory in stages.items():
         if lanes:
             mutmut_driver.seed_from(directory, first)
+        if keep:
+            _restored(directory, adapter)
         current = mutmut_driver.verdicts(directory)
         todo = [
             n
@@ -97,6 +100,8 @@ def execute(plan: Plan) -> dict[str, Any]:
             if code != 0:
                 raise SystemExit(f"mutmut run failed in {directory} (exit {code}); see {log}")
         lanes[adapter] = mutmut_driver.verdicts(directory)
+    if keep:
+        verdict_store.save(stages, staged_at(first))
     names = candidates if plan.sample is not None else sorted(everything)
     selection = {"modules": sorted(plan.modules), "sample": plan.sample, "seed": plan.seed}
     return build_report(plan.out, stages, names, lanes, selection, lane_seconds)
@@ -126,9 +131,12 @@ def build_report(
             diffs[key] = mutmut_driver.diff(first_stage, name)
     (out / "diffs.json").write_text(json.dumps(diffs, indent=1, ensure_ascii=False))
     by_name = {n: diffs.get(f"{n}@{first_lane[n].function_hash}", "") for n in names}
-    return report.build(
+    built = report.build(
         names, {a: lanes[a] for a in lanes}, listed, by_name, selection, lane_seconds
     )
+    if selection.get("sample") is None:
+        built["judged_at"] = verdict_store.judged_at()
+    return built
 
 
 def _cached_diffs(out: Path) -> dict[str, str]:
@@ -136,12 +144,28 @@ def _cached_diffs(out: Path) -> dict[str, str]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _generated(directory: Path) -> bool:
+    return (directory / "mutants" / "src").exists()
+
+
+def _restored(directory: Path, adapter: str) -> None:
+    restored = verdict_store.restore(directory, adapter)
+    if restored:
+        print(f"{adapter}: {restored} verdicts taken from {verdict_store.STORE.name}", flush=True)
+
+
 def report_only(adapters: Sequence[str], out: Path) -> dict[str, Any]:
-    """The report from the lanes' stored verdicts, running nothing."""
-    stages = {a: out / a for a in adapters if (out / a / "mutants").exists()}
-    if not stages:
-        raise SystemExit(f"no mutation results under {out}: run `python -m mutation run` first")
+    """The report from the stored verdicts (the stages', then the repository's), running no
+    mutant; a fresh clone generates the mutants first, to name them and show their diffs."""
+    stages = {a: out / a if _generated(out / a) else stage(out / a, a) for a in adapters}
+    first = stages[adapters[0]]
+    if not _generated(first):
+        mutmut_driver.generate(first, 1)
+    for adapter, directory in stages.items():
+        mutmut_driver.seed_from(directory, first)
+        _restored(directory, adapter)
+    verdict_store.save(stages, staged_at(first))
     lanes = {a: mutmut_driver.verdicts(d) for a, d in stages.items()}
-    first = next(iter(lanes.values()))
-    names = sorted(n for n, v in first.items() if is_specified(v.module))
+    first_lane = next(iter(lanes.values()))
+    names = sorted(n for n, v in first_lane.items() if is_specified(v.module))
     return build_report(out, stages, names, lanes, {"modules": [], "sample": None}, {})

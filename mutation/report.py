@@ -121,6 +121,17 @@ def build(
     }
 
 
+def _judged_at(commits: Mapping[str, int] | None) -> list[str]:
+    if not commits:
+        return []
+    shown = ", ".join(f"`{commit}` ({count})" for commit, count in commits.items())
+    return [
+        "- Verdicts are kept in `mutation/verdicts.json` between runs and machines; a "
+        "function's verdicts stand while its source is unchanged (an edit judges its mutants "
+        f"again). Lane verdicts by the commit that judged them: {shown}"
+    ]
+
+
 def _tool() -> str:
     # Reports are rebuilt (and unit-tested) where the `mutation` extra is not installed.
     try:
@@ -229,6 +240,7 @@ def markdown(
         "derandomized",
         f"- Last run: {_last_run(selection, report['lane_seconds'])}",
         f"- Lane wall time: {lanes}; {report['seconds_per_mutant']} s per mutant on average",
+        *_judged_at(report.get("judged_at")),
         "",
         "Run it with `python -m mutation run [--module routing/selection.py ...]` "
         "(see `python -m mutation --help`); the CI sample lane is `.ci/mutation-sample`.",

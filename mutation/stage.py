@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from mutation.layers import EXCLUDED, SPECIFIED
+from mutation.report import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = {  # the pyproject's [tool.setuptools.package-dir], as staged paths
@@ -27,6 +28,7 @@ PACKAGE_DIRS = {  # the pyproject's [tool.setuptools.package-dir], as staged pat
 SKIP_PARTS = {"__pycache__", ".hypothesis", ".pytest_cache", ".mypy_cache"}
 PROFILE = "mutation"
 STATS = "mutmut-stats.json"  # mutmut's map from tests to the functions they reach
+STAGED_AT = "staged-at"  # the commit the staged sources came from: what a verdict judged
 
 CONFTEST = f'''"""Written by mutation/stage.py: the bounded profile, derandomized, with no
 example database, so a mutant's verdict depends on no seed and no earlier run."""
@@ -135,10 +137,18 @@ def stage(directory: Path, adapter: str) -> Path:
         # mutmut maps only new tests to the functions they reach; a changed check, adapter
         # or source can reach other functions, so the whole map is collected again
         (directory / "mutants" / STATS).unlink(missing_ok=True)
+    commit, dirty = git_commit()
+    label = commit[:12] + (" (with uncommitted changes)" if dirty else "")
+    _write_if_changed(directory / STAGED_AT, label + "\n")
     _write_if_changed(directory / "pyproject.toml", pyproject(adapter))
     _write_if_changed(directory / "conftest.py", CONFTEST)
     _refresh_mutants_copy(directory, present)
     return directory
+
+
+def staged_at(directory: Path) -> str:
+    path = directory / STAGED_AT
+    return path.read_text().strip() if path.exists() else "unknown"
 
 
 def _write_if_changed(path: Path, text: str) -> None:

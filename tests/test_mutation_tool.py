@@ -3,12 +3,13 @@ when an equivalent entry stops counting, and what the stage mutates."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from mutation import report, stage
+from mutation import report, stage, verdict_store
 from mutation.equivalents import Equivalent, load
 from mutation.layers import is_specified
 from mutation.mutmut_driver import Verdict
@@ -139,3 +140,70 @@ def test_the_summary_and_the_page_show_requirement_coverage(tmp_path: Path) -> N
     coverage = report.requirement_coverage([conformance, tmp_path / "absent.json"])
     assert coverage == {"reference": (1, 2)}
     assert "`reference` PASS 1 of 2 requirements" in report.markdown(built, coverage)
+
+
+def _stage(root: Path, codes: dict[str, int | None], hashes: dict[str, str]) -> Path:
+    """A stage with one mutated module, ``routing/selection.py``, as mutmut lays it out."""
+    meta = root / "mutants" / "src" / "routespec" / "routing" / "selection.py.meta"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(
+        json.dumps(
+            {
+                "exit_code_by_key": {f"{MODULE}.{n}": c for n, c in codes.items()},
+                "hash_by_function_name": hashes,
+                "type_check_error_by_key": {},
+                "durations_by_key": {f"{MODULE}.{n}": 1.5 for n, c in codes.items() if c},
+                "estimated_durations_by_key": {},
+            }
+        )
+    )
+    return root
+
+
+def _codes(stage_root: Path) -> dict[str, int | None]:
+    meta = stage_root / "mutants" / "src" / "routespec" / "routing" / "selection.py.meta"
+    found = json.loads(meta.read_text())["exit_code_by_key"]
+    return {name.removeprefix(f"{MODULE}."): code for name, code in found.items()}
+
+
+MODULE = "routespec.routing.selection"
+SELECT, FOLLOW = "xǁSelectorǁselect", "xǁSelectorǁfollow"
+
+
+def test_stored_verdicts_come_back_to_a_fresh_stage_of_the_same_code(tmp_path: Path) -> None:
+    store = tmp_path / "verdicts.json"
+    hashes = {SELECT: "aaa", FOLLOW: "bbb"}
+    judged = {f"{SELECT}__mutmut_1": 1, f"{SELECT}__mutmut_2": 0, f"{FOLLOW}__mutmut_1": None}
+    verdict_store.save({"reference": _stage(tmp_path / "old", judged, hashes)}, "c1", store)
+    fresh = _stage(tmp_path / "new", dict.fromkeys(judged), hashes)
+    assert verdict_store.restore(fresh, "reference", store) == 2
+    assert _codes(fresh) == judged
+    assert verdict_store.restore(fresh, "reference-tcp", store) == 0  # lanes stay apart
+
+
+def test_an_edited_function_is_judged_again(tmp_path: Path) -> None:
+    store = tmp_path / "verdicts.json"
+    judged: dict[str, int | None] = {f"{SELECT}__mutmut_1": 1, f"{FOLLOW}__mutmut_1": 0}
+    verdict_store.save(
+        {"reference": _stage(tmp_path / "old", judged, {SELECT: "a", FOLLOW: "b"})}, "c1", store
+    )
+    edited = _stage(tmp_path / "new", dict.fromkeys(judged), {SELECT: "a2", FOLLOW: "b"})
+    assert verdict_store.restore(edited, "reference", store) == 1
+    assert _codes(edited) == {f"{SELECT}__mutmut_1": None, f"{FOLLOW}__mutmut_1": 0}
+    # saving the edited stage drops the old function's verdicts and keeps the other's
+    verdict_store.save({"reference": edited}, "c2", store)
+    kept = verdict_store.load(store)["reference"]["routing/selection.py"]
+    assert set(kept) == {FOLLOW}
+
+
+def test_a_part_run_adds_to_what_is_stored(tmp_path: Path) -> None:
+    store = tmp_path / "verdicts.json"
+    hashes = {SELECT: "a"}
+    first = {f"{SELECT}__mutmut_1": 1, f"{SELECT}__mutmut_2": None}
+    verdict_store.save({"reference": _stage(tmp_path / "one", first, hashes)}, "c1", store)
+    second = {f"{SELECT}__mutmut_1": None, f"{SELECT}__mutmut_2": 0}
+    verdict_store.save({"reference": _stage(tmp_path / "two", second, hashes)}, "c2", store)
+    fresh = _stage(tmp_path / "three", dict.fromkeys(first), hashes)
+    assert verdict_store.restore(fresh, "reference", store) == 2
+    assert _codes(fresh) == {f"{SELECT}__mutmut_1": 1, f"{SELECT}__mutmut_2": 0}
+    assert verdict_store.judged_at(store) == {"c1": 1, "c2": 1}
