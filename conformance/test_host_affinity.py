@@ -548,6 +548,30 @@ def test_hard_affinity_selects_an_overloaded_target(target: Target) -> None:
     bound_to(host, "s", worker, "AFF-006", "after the overload check failed the dispatch")
 
 
+@covers("AFF-006", "AFF-007")
+@requires(Capability.ROUTING_HOST, Capability.VANISH_WORKER)
+@pytest.mark.parametrize(
+    ("mode", "policy"), [("hard", "round-robin"), ("hard", "direct"), ("soft", "direct")]
+)
+def test_an_exact_binding_whose_worker_vanished_fails_there(
+    target: Target, mode: str, policy: str
+) -> None:
+    """A hard binding, and any binding in Direct mode, is the request's exact target: when
+    the bound worker's transport record is gone, the request fails ``CannotConnect``
+    (DSP-002) and reaches no other worker."""
+    bound, _ = workers(target, 2, Serve())
+    host = host_of(target, "AFF-006", hard(policy) if mode == "hard" else soft(policy))
+    host.bind_session("s", bound)
+    target.vanish_worker(bound)
+    outcome, attempts = ended(target, host.route(HostRoute(session="s")), "AFF-006")
+    require(
+        "AFF-006" if mode == "hard" else "AFF-007",
+        outcome.error is not None and shows_outer(outcome.error, "CannotConnect") and not attempts,
+        f"session bound ({mode}, {policy}) to worker {bound}, whose transport record is gone: "
+        f"expected CannotConnect and no worker reached; got {outcome}, reached {attempts}",
+    )
+
+
 # --- AFF-007 ---
 
 
@@ -597,6 +621,24 @@ def test_soft_affinity_falls_back_and_the_binding_follows(target: Target, how: s
             [fallback],
             f"request {n + 1} after the binding followed to {fallback} went to {again}",
         )
+
+
+@covers("AFF-007")
+@requires(Capability.ROUTING_HOST)
+def test_a_request_without_a_session_moves_no_soft_binding(target: Target) -> None:
+    """Only a session's own requests move its soft binding: requests without a session are
+    routed as if unbound and leave every binding alone."""
+    bound, other = workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", soft())
+    host.bind_session("s", bound)
+    went = [w for _ in range(4) for w in served(target, host.route(HostRoute()), "AFF-007", "")]
+    require(
+        "AFF-007",
+        sorted(set(went)) == sorted({bound, other}),
+        f"requests without a session should be routed as if unbound (round-robin over "
+        f"{bound} and {other}); they went to {went}",
+    )
+    bound_to(host, "s", bound, "AFF-007", "after requests without a session went elsewhere")
 
 
 @covers("AFF-007")
