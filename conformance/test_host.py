@@ -727,6 +727,28 @@ def test_a_lora_request_goes_to_its_replica_set(target: Target, hint: int | None
         )
 
 
+@covers("HST-016")
+@requires(HOST, Capability.VANISH_WORKER)
+def test_a_lora_hint_whose_replica_vanished_falls_back_within_the_set(target: Target) -> None:
+    """Two replicas of three workers, the hint naming a replica whose transport record is
+    gone: the request reaches the other replica, never the worker outside the set."""
+    outside, first, second = workers(target, 3)
+    host = host_of(target, "HST-016", HostConfig(policy="round-robin", lora=True))
+    host.set_lora_replicas("ad", frozenset({first, second}))
+    target.vanish_worker(second)
+    for _ in range(3):
+        outcome, attempts = ended(
+            target, host.route(HostRoute(lora="ad", backend_instance_id=second)), "HST-016"
+        )
+        require(
+            "HST-016",
+            outcome.error is None and attempts == [first],
+            f"adapter ad lives on {first} and {second}, and hinted replica {second} has no "
+            f"transport record: the request should reach {first}, never {outside}; it reached "
+            f"{attempts} ({outcome.error and outcome.error.describe()})",
+        )
+
+
 @covers("HST-017")
 @requires(HOST, Capability.SCRIPT_STALL, Capability.SCRIPT_FAILURES)
 def test_lora_inflight_lasts_from_admission_to_the_end(open_target: OpenTarget) -> None:
