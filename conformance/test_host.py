@@ -696,6 +696,27 @@ def test_a_planned_route_spends_its_preview_budget(target: Target, elapsed: floa
     )
 
 
+@covers("DSP-006")
+@requires(HOST, Capability.VANISH_WORKER)
+def test_a_host_route_falls_back_only_inside_its_allowed_set(target: Target) -> None:
+    """The host selects among the request's allowed workers; when its pick has no transport
+    record, the fallback stays inside that set (round-robin over two allowed workers picks
+    the vanished one at least once in four requests)."""
+    outside, vanished, spare = workers(target, 3)
+    host = host_of(target, "DSP-006", HostConfig(policy="round-robin"))
+    target.vanish_worker(vanished)
+    allowed = frozenset({vanished, spare})
+    for _ in range(4):
+        outcome, attempts = ended(target, host.route(HostRoute(allowed=allowed)), "DSP-006")
+        require(
+            "DSP-006",
+            outcome.error is None and attempts == [spare],
+            f"allowed workers {sorted(allowed)}, {vanished} without a transport record: every "
+            f"request should reach {spare}, never {outside}; it reached {attempts} "
+            f"({outcome.error and outcome.error.describe()})",
+        )
+
+
 # --- HST-016 to HST-019: LoRA filtering ---
 
 

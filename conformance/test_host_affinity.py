@@ -475,6 +475,15 @@ def test_the_first_dispatch_binds_the_rank_it_was_pinned_to(target: Target, mode
         f"the first request, pinned to worker {pinned} rank 1, went to {went} and left the "
         f"session {view}",
     )
+    route = HostRoute(session="plain", backend_instance_id=pinned)
+    went = served(target, host.route(route), "AFF-005", "a first request pinned to no rank")
+    view = host.session("plain")
+    require(
+        "AFF-005",
+        went == [pinned] and view.worker_id == pinned and not view.dp_rank,
+        f"the first request, pinned to worker {pinned} and no rank, went to {went} and left "
+        f"the session {view}",
+    )
 
 
 @covers("AFF-005")
