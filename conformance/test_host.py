@@ -7,6 +7,7 @@ Requests are token requests (``HostRoute``): a completed one reads the tokens
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from routespec.conformance.checks import (
@@ -694,6 +695,39 @@ def test_a_planned_route_spends_its_preview_budget(target: Target, elapsed: floa
         f"has none left; plan reports {plan.budget_remaining} s, got {outcome}, reached "
         f"{attempts}",
     )
+
+
+@covers("HST-022")
+@requires(HOST)
+@pytest.mark.parametrize(
+    "policy", ["round-robin", "random", "least-loaded", "power-of-two-choices", "kv"]
+)
+def test_a_request_goes_only_where_its_constraints_allow(target: Target, policy: str) -> None:
+    """Three workers, two of them tainted ``pool``: a request requiring the taint, one
+    allowed on an untainted and a tainted worker, and one with both constraints, six times
+    each."""
+    tainted, also_tainted, plain = workers(target, 3)
+    host = host_of(target, "HST-022", HostConfig(policy=policy))
+    for worker in (tainted, also_tainted):
+        host.configure_worker(worker, taints=frozenset({"pool"}))
+    pool = frozenset({"pool"})
+    cases = [
+        (HostRoute(required_taints=pool), {tainted, also_tainted}),
+        (HostRoute(allowed=frozenset({also_tainted, plain})), {also_tainted, plain}),
+        (HostRoute(allowed=frozenset({also_tainted, plain}), required_taints=pool), {also_tainted}),
+    ]
+    for route, where in cases:
+        for n in range(6):
+            outcome, attempts = ended(
+                target, host.route(attrs.evolve(route, tokens=(n,))), "HST-022"
+            )
+            require(
+                "HST-022",
+                outcome.error is None and len(attempts) == 1 and attempts[0] in where,
+                f"{policy}: a request allowed on {route.allowed} requiring taints "
+                f"{set(route.required_taints)} may go only to {sorted(where)}; it reached "
+                f"{attempts} ({outcome.error and outcome.error.describe()})",
+            )
 
 
 @covers("DSP-006")

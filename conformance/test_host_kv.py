@@ -721,6 +721,39 @@ def test_the_kv_policy_selects_only_workers_it_knows(target: Target) -> None:
     )
 
 
+@covers("KVS-014")
+@requires(HOST)
+@pytest.mark.parametrize("policy", ["kv", "round-robin", "least-loaded"])
+def test_only_the_kv_policy_needs_a_worker_configuration(target: Target, policy: str) -> None:
+    """Through a constrained route (an allowed set naming both workers): the KV policy never
+    selects the worker whose configuration it has not seen; other policies need none (a
+    worker without one has no taints) and select it in turn."""
+    unseen, known = workers(target, 2)
+    host = host_of(target, "KVS-014", HostConfig(policy=policy))
+    host.forget_worker_config(unseen)
+    allowed = frozenset({unseen, known})
+    went = [
+        w
+        for n in range(6)
+        for w in reached(target, host.route(HostRoute(tokens=(n,), allowed=allowed)))
+    ]
+    if policy == "kv":
+        require_equal(
+            "KVS-014",
+            went,
+            [known] * 6,
+            f"worker {unseen}'s configuration is unseen; every constrained request should "
+            f"reach {known}, they reached {went}",
+        )
+        return
+    require(
+        "KVS-014",
+        len(went) == 6 and unseen in went,
+        f"under {policy} a worker needs no configuration: worker {unseen} (none seen) should "
+        f"serve some of six requests allowed on {sorted(allowed)}; they reached {went}",
+    )
+
+
 @covers("KVS-015")
 @requires(HOST)
 @pytest.mark.parametrize("first", ["dispatch", "abort"])

@@ -388,7 +388,8 @@ class RoutingHost:
         return None if self.lora is None or name is None else self.lora.replica_set(name)
 
     def _eligible(self, request: HostRequest, worker_id: int) -> bool:
-        """The request's allowed set and taints; for KV, a worker the selector knows."""
+        """The request's allowed set and taints (HST-022); for KV, a worker the selector
+        knows."""
         allowed = request.hints.allowed_worker_ids
         config = self.worker_configs.get(worker_id)
         if self.kv is not None and config is None:
