@@ -992,6 +992,24 @@ def test_an_aborted_plan_leaves_the_session_unbound(target: Target) -> None:
 
 @covers("AFF-013")
 @requires(Capability.ROUTING_HOST)
+def test_without_affinity_a_planned_route_ignores_its_session(target: Target) -> None:
+    """A KV host without affinity previews, plans and dispatches a request that carries a
+    session id as if it carried none, and binds nothing."""
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-013", HostConfig(policy="kv"))
+    preview = planned(host.preview(HostRoute(session="s")), "AFF-013")
+    plan = planned(host.plan(preview.plan_id), "AFF-013")
+    went = served(target, host.dispatch_plan(plan.plan_id), "AFF-013", "a planned session route")
+    require(
+        "AFF-013",
+        went == [plan.worker_id] and host.session("s") == SessionView("disabled"),
+        f"planned on worker {plan.worker_id}, the request went to {went}; the session is "
+        f"{host.session('s')} (a host without affinity binds nothing)",
+    )
+
+
+@covers("AFF-013")
+@requires(Capability.ROUTING_HOST)
 def test_without_affinity_session_ids_are_ignored(target: Target) -> None:
     pool = workers(target, 2, Serve())
     host = host_of(target, "AFF-013", HostConfig(policy="round-robin"))
