@@ -69,12 +69,16 @@ def served(target: Target, request: str, requirement: str, detail: str) -> list[
 
 
 def refused(target: Target, request: str, requirement: str, detail: str) -> Outcome:
-    """The request failed before reaching any worker."""
+    """The request failed before reaching any worker, with a typed error where the target
+    shows types (spec/conventions.md: every failure is typed)."""
     outcome, deliveries = ended(target, request, requirement)
+    error = outcome.error
     require(
         requirement,
-        outcome.error is not None and not deliveries,
-        f"{detail}: expected an error and no delivery; reached {deliveries}, got {outcome}",
+        error is not None
+        and not deliveries
+        and (error.type is not None or not error.types_observed),
+        f"{detail}: expected a typed error and no delivery; reached {deliveries}, got {outcome}",
     )
     return outcome
 
