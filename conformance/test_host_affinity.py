@@ -637,6 +637,50 @@ def test_soft_affinity_falls_back_and_the_binding_follows(target: Target, how: s
 
 
 @covers("AFF-007")
+@requires(Capability.ROUTING_HOST, Capability.VANISH_WORKER)
+@pytest.mark.parametrize("allowed", [False, True], ids=["unconstrained", "allowed-set"])
+def test_a_soft_binding_whose_worker_vanished_falls_back_and_follows(
+    target: Target, allowed: bool
+) -> None:
+    """A soft binding is a preference: when its worker's transport record is gone (the
+    worker still listed, so still free), the request falls back as an unbound one would,
+    inside its allowed set if it has one, and the binding follows the worker that served."""
+    outside, bound, other = workers(target, 3, Serve())
+    host = host_of(target, "AFF-007", soft())
+    host.bind_session("s", bound)
+    target.vanish_worker(bound)
+    route = HostRoute(session="s", allowed=frozenset({bound, other}) if allowed else None)
+    outcome, attempts = ended(target, host.route(route), "AFF-007")
+    where = [other] if allowed else [outside, other]
+    require(
+        "AFF-007",
+        outcome.error is None and len(attempts) == 1 and attempts[0] in where,
+        f"soft binding to worker {bound}, whose transport record is gone ({route.allowed=}): "
+        f"the request should fall back to one of {where}; it reached {attempts} "
+        f"({outcome.error and outcome.error.describe()})",
+    )
+    bound_to(host, "s", attempts[0], "AFF-007", "after the dispatch fell back")
+
+
+@covers("AFF-007", "AFF-011")
+@requires(Capability.ROUTING_HOST)
+def test_an_excluded_soft_target_is_routed_around_and_the_binding_follows(
+    target: Target,
+) -> None:
+    """A migration retry that excludes the soft binding's worker routes as if unbound (a
+    soft binding does not pin), and the binding follows the dispatch."""
+    bound, other = workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", soft())
+    host.bind_session("s", bound)
+    retry = HostRoute(session="s", excluded=frozenset({bound}))
+    went = served(target, host.route(retry), "AFF-007", f"a retry excluding {bound}")
+    require_equal(
+        "AFF-007", went, [other], f"a retry excluding the soft target {bound} went to {went}"
+    )
+    bound_to(host, "s", other, "AFF-007", "after a retry that excluded the soft target")
+
+
+@covers("AFF-007")
 @requires(Capability.ROUTING_HOST)
 def test_a_request_without_a_session_moves_no_soft_binding(target: Target) -> None:
     """Only a session's own requests move its soft binding: requests without a session are

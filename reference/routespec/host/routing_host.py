@@ -345,10 +345,18 @@ class RoutingHost:
                 )
             return Route(target.worker_id, target.dp_rank or 0, DENY)
         if self.affinity_mode is AffinityMode.SOFT:
-            if target.worker_id in self._candidates(request, exclusions):
-                fallback = TransportFallback(True, frozenset({target.worker_id}))
-                return Route(target.worker_id, target.dp_rank or 0, fallback)  # AFF-007
-            return None
+            candidates = self._candidates(request, exclusions)
+            if target.worker_id not in candidates:
+                return None
+            # AFF-007: preferred, not pinned; a target whose transport is gone falls back
+            # like an unbound route, and the binding follows the worker that served
+            fallback = TransportFallback(True, frozenset(candidates))
+            return Route(
+                target.worker_id,
+                target.dp_rank or 0,
+                fallback,
+                follow_session=bound.session_id,
+            )
         if not discovered or not self._rank_in_range(target):
             self.affinity.invalidate(bound.session_id, target)  # AFF-009: select once more
             return None
