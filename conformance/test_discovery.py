@@ -284,6 +284,34 @@ def test_records_use_dynamos_key_layout_and_record(target: Target) -> None:
     )
 
 
+@covers("DSC-007")
+@requires(STORE)
+def test_a_record_without_a_device_type_is_listed_as_cuda(target: Target) -> None:
+    """The record table's default: a record that carries no ``device_type`` is ``cuda``
+    (listed as ``cuda``, or with no device type, as Dynamo 1.6.1's watcher lists it; never as
+    another device); one that carries ``cpu`` is ``cpu``."""
+    store = target.open_discovery()
+    without, with_cpu = 0x600D, 0x600E
+    no_device = json.loads(_record(instance_id=without, transport={"tcp": _address_of(without)}))
+    del no_device["device_type"]
+    store.put_raw(ENDPOINT, without, json.dumps(no_device).encode())
+    cpu = _record(instance_id=with_cpu, transport={"tcp": _address_of(with_cpu)}, device_type="cpu")
+    store.put_raw(ENDPOINT, with_cpu, cpu)
+    listed = store.listed(store.watch(ENDPOINT))
+    devices = {i: listed[i].device_type for i in listed}
+    require(
+        "DSC-007",
+        set(devices) == {without, with_cpu}
+        and devices[without] in ("cuda", None)
+        and devices[with_cpu] == "cpu",
+        f"a record without device_type and one with 'cpu' are listed as {listed}",
+    )
+
+
+def _address_of(instance_id: int) -> str:
+    return f"127.0.0.1:1/{instance_id:x}/{ENDPOINT}"
+
+
 def _record(**changes: object) -> bytes:
     """A well-formed record of instance 0xBAD under ``ENDPOINT``, with ``changes``."""
     namespace, component, endpoint = ENDPOINT.split("/")
