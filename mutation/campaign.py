@@ -125,10 +125,13 @@ def build_report(
         if all(lane.get(n) is None or lane[n].status in ALIVE for lane in lanes.values())
         and first_lane[n].status != "not checked"
     ]
-    for name in alive:
-        key = f"{name}@{first_lane[name].function_hash}"
-        if key not in diffs:
-            diffs[key] = mutmut_driver.diff(first_stage, name)
+    missing = {
+        name: first_lane[name].module
+        for name in alive
+        if f"{name}@{first_lane[name].function_hash}" not in diffs
+    }
+    for name, shown in mutmut_driver.diffs(first_stage, missing).items():
+        diffs[f"{name}@{first_lane[name].function_hash}"] = shown
     (out / "diffs.json").write_text(json.dumps(diffs, indent=1, ensure_ascii=False))
     by_name = {n: diffs.get(f"{n}@{first_lane[n].function_hash}", "") for n in names}
     built = report.build(

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -26,6 +27,9 @@ copy_also_copy_files()
 stats = create_mutants(int(sys.argv[1]))
 print(f"{stats.mutated} files mutated, {stats.ignored} copied, {stats.unmodified} unchanged")
 """
+
+
+TIMEOUT_MULTIPLIER = 5.0  # a mutant times out after this times (its checks' seconds + 1)
 
 
 @attrs.frozen
@@ -117,15 +121,35 @@ def verdicts(stage: Path) -> dict[str, Verdict]:
     return found
 
 
-def diff(stage: Path, name: str) -> str:
-    """The mutant's change as mutmut shows it (a unified diff of its function)."""
+# The mutants' diffs as ``mutmut show`` prints them, for many mutants in one process (a
+# ``mutmut show`` per mutant costs a second of start-up each; a full run has thousands).
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+found = {}
+for name, path in json.load(sys.stdin):
+    found[name] = get_diff_for_mutant(name, path=path)
+json.dump(found, sys.stdout)
+"""
+
+
+def diffs(stage: Path, mutants: Mapping[str, str]) -> dict[str, str]:
+    """Each mutant's change (a unified diff of its function), by name; ``mutants`` maps a
+    name to its module (a path under reference/routespec, as ``Verdict.module``)."""
+    if not mutants:
+        return {}
+    pairs = [[name, f"src/routespec/{module}"] for name, module in mutants.items()]
     shown = subprocess.run(
-        [*mutmut_command(), "show", name],
+        [sys.executable, "-c", _DIFFS],
         cwd=stage,
         env=environment(stage),
+        input=json.dumps(pairs),
         capture_output=True,
         text=True,
-        check=False,
+        check=True,
     )
-    lines = shown.stdout.splitlines()
-    return "\n".join(line for line in lines if line.startswith(("-", "+", "@", " ")))
+    found: dict[str, str] = json.loads(shown.stdout)
+    return {
+        name: "\n".join(line for line in text.splitlines() if line.startswith(("-", "+", "@", " ")))
+        for name, text in found.items()
+    }

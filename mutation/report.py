@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mutation.equivalents import Equivalent
-from mutation.mutmut_driver import Verdict
+from mutation.mutmut_driver import TIMEOUT_MULTIPLIER, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = ("killed", "timeout", "survived", "no tests", "suspicious", "skipped", "not checked")
@@ -30,10 +30,15 @@ _BUCKET_OF = {  # mutmut's words -> the report's
 
 def combine(lanes: Iterable[Verdict | None]) -> str:
     """A mutant's verdict over the lanes: killed by any lane is killed; otherwise the most
-    telling of the lanes' verdicts (timeout, survived, no tests, ...)."""
-    buckets = [_BUCKET_OF.get(v.status, v.status) for v in lanes if v is not None]
+    telling of the lanes' verdicts (timeout, survived, no tests, ...), except that a mutant
+    left alive by one lane and not yet judged by another (a run done in parts) is not
+    checked yet."""
+    verdicts = list(lanes)
+    buckets = [_BUCKET_OF.get(v.status, v.status) for v in verdicts if v is not None]
     buckets = [b if b in _RANK else "suspicious" for b in buckets]
-    return min(buckets, key=_RANK.__getitem__, default="not checked")
+    best = min(buckets, key=_RANK.__getitem__, default="not checked")
+    pending = len(buckets) < len(verdicts) or "not checked" in buckets
+    return "not checked" if best in ("survived", "no tests") and pending else best
 
 
 def git_commit() -> tuple[str, bool]:
@@ -256,7 +261,8 @@ def markdown(
         "function into a trampoline that calls the mutant named by `MUTANT_UNDER_TEST`.",
         "- A first run of the suite records which checks reach each function; each mutant "
         "then runs only those checks (`-x`), in a process forked from a warmed one. A "
-        "mutant times out after 15 times (its checks' recorded seconds + 1) of wall time.",
+        f"mutant times out after {TIMEOUT_MULTIPLIER:g} times (its checks' recorded seconds "
+        "+ 1) of wall time.",
         "- Lanes: `reference` first, then `reference-tcp` on what the first left alive "
         "(survived or reached by no check); a mutant killed by either lane is killed.",
         "- Equivalent mutants (`mutation/equivalents.toml`) are not run; an entry pins the "

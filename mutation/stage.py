@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from mutation.layers import EXCLUDED, SPECIFIED
+from mutation.mutmut_driver import TIMEOUT_MULTIPLIER
 from mutation.report import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +79,10 @@ pytest_add_cli_args_test_selection = ["src/routespec/conformance"]
 pytest_add_cli_args = {_toml_list(pytest_args)}
 also_copy = ["conftest.py"]
 use_git_change_detection = false
+# mutmut's default is 15: a mutant that hangs a check (a stuck watcher, a lost wake-up) then
+# holds a child for minutes; 5 times a check's recorded time is still far above any slowdown
+# a loaded machine causes.
+timeout_multiplier = {TIMEOUT_MULTIPLIER}
 
 [tool.pytest.ini_options]
 testpaths = ["src/routespec/conformance"]
