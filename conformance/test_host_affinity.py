@@ -662,6 +662,19 @@ def test_a_soft_binding_whose_worker_vanished_falls_back_and_follows(
     bound_to(host, "s", attempts[0], "AFF-007", "after the dispatch fell back")
 
 
+@covers("AFF-007", "HST-021")
+@requires(Capability.ROUTING_HOST, Capability.REPORT_DOWN)
+def test_a_soft_session_with_no_worker_routable_fails_typed(target: Target) -> None:
+    """With every worker inhibited, a soft session's request routes as if unbound and
+    fails as a selection with nothing routable does (HST-021), typed, reaching no one."""
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", soft())
+    host.bind_session("s", pool[0])
+    for worker in pool:
+        target.report_down(worker)
+    refused(target, host.route(HostRoute(session="s")), "AFF-007", "every worker inhibited")
+
+
 @covers("AFF-007", "AFF-011")
 @requires(Capability.ROUTING_HOST)
 def test_an_excluded_soft_target_is_routed_around_and_the_binding_follows(
