@@ -958,7 +958,7 @@ def test_migration_never_moves_a_hard_affinity(target: Target) -> None:
     bound_to(host, "s", bound, "AFF-011", "after migration gave up on the bound worker")
 
 
-@covers("AFF-011")
+@covers("AFF-011", "MIG-012")
 @requires(Capability.ROUTING_HOST)
 @pytest.mark.parametrize("constraint", ["allowed", "taints"])
 def test_an_exclusion_never_widens_the_eligible_set(target: Target, constraint: str) -> None:
@@ -977,6 +977,13 @@ def test_an_exclusion_never_widens_the_eligible_set(target: Target, constraint: 
         and shows(outcome.error, ["ResourceExhausted"]),
         f"with the only {constraint}-eligible worker {eligible} excluded, the retry should "
         f"fail with ResourceExhausted, got {outcome.error}",
+    )
+    exhausted = "all eligible workers rejected the request as overloaded"
+    require(
+        "MIG-012",
+        exhausted in text(outcome.error),
+        f"every eligible worker failed the request as overloaded (the exclusions): the error "
+        f"should say {exhausted!r}, not that the pool is busy; got {outcome.error}",
     )
 
 
