@@ -107,9 +107,36 @@ def save(stages: Mapping[str, Path], commit: str, path: Path = STORE) -> None:
             else:
                 modules.pop(module, None)
         lanes[lane] = dict(sorted(modules.items()))
-    path.write_text(
-        json.dumps({"mutmut": MUTMUT, "lanes": lanes}, indent=1, ensure_ascii=False) + "\n"
-    )
+    path.write_text(_dump(lanes))
+
+
+def _dump(lanes: Mapping[str, Mapping[str, Functions]]) -> str:
+    """The store as JSON with one line per function, so that a run's change to the file is
+    a line per function it judged again."""
+
+    def block(items: list[tuple[str, str]], indent: str) -> str:
+        inner = ",\n".join(
+            f"{indent} {json.dumps(key, ensure_ascii=False)}: {value}" for key, value in items
+        )
+        return "{\n" + inner + "\n" + indent + "}" if items else "{}"
+
+    def compact(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+    lane_blocks = [
+        (
+            lane,
+            block(
+                [
+                    (module, block([(f, compact(e)) for f, e in functions.items()], "   "))
+                    for module, functions in modules.items()
+                ],
+                "  ",
+            ),
+        )
+        for lane, modules in lanes.items()
+    ]
+    return block([("mutmut", json.dumps(MUTMUT)), ("lanes", block(lane_blocks, " "))], "") + "\n"
 
 
 def judged_at(path: Path = STORE) -> dict[str, int]:
