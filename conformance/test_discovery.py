@@ -678,6 +678,20 @@ UNUSABLE: dict[str, tuple[bytes, str]] = {
     "device-type-empty": (_record(device_type=""), "device_type"),
     "id-unlike-its-key": (_record(instance_id=0xBAE), "instance_id"),
     "endpoint-unlike-its-key": (_record(endpoint="other"), "endpoint"),
+    "namespace-unlike-its-key": (_record(namespace="other"), "namespace"),
+    "component-unlike-its-key": (_record(component="other"), "component"),
+    "host-name-over-253": (
+        _record(transport={"tcp": f"{'a.' * 126}ab:80/bad/{ENDPOINT}"}),  # 254 characters
+        "transport.tcp",
+    ),
+    "host-unclosed-bracket": (
+        _record(transport={"tcp": f"[::1:80/bad/{ENDPOINT}"}),
+        "transport.tcp",
+    ),
+    "host-label-over-63": (
+        _record(transport={"tcp": f"{'a' * 64}.example:80/bad/{ENDPOINT}"}),
+        "transport.tcp",
+    ),
     "too-large": (_record(padding="x" * 70_000), "record"),
 }
 MALFORMED_FIELDS = {
@@ -723,6 +737,37 @@ def test_records_that_cannot_be_used_are_skipped(target: Target, name: str) -> N
             f"watcher {watcher} lists {sorted(map(hex, ids(store, watcher)))}; expected "
             f"{worker:#x} and 0x600d, and not 0xbad, whose record is unusable ({name})",
         )
+
+
+USABLE_HOSTS = {
+    "ipv6-in-brackets": "[::1]",
+    "ipv6-bare": "::1",
+    "ipv4-mapped-ipv6-in-brackets": "[::ffff:127.0.0.1]",
+    "name-with-a-trailing-dot": "localhost.",
+    "name-of-253": f"{'a.' * 125}abc",  # 253 characters: the longest DNS name
+    "label-of-63": f"{'a' * 63}.example",  # the longest label
+    "label-with-underscore-and-dash": "w_1-a.example",
+}
+
+
+@covers("DSC-013")
+@requires(STORE)
+@pytest.mark.parametrize("name", list(USABLE_HOSTS))
+def test_a_record_whose_host_is_at_a_bound_is_listed(target: Target, name: str) -> None:
+    """The other side of the address bounds: hosts that are IP addresses (IPv6 with or
+    without brackets) or DNS names up to 253 characters, labels up to 63, are usable."""
+    host = USABLE_HOSTS[name]
+    address = f"{host}:80/bad/{ENDPOINT}"
+    store = target.open_discovery()
+    store.put_raw(ENDPOINT, 0xBAD, _record(transport={"tcp": address}))
+    watcher = store.watch(ENDPOINT)
+    listed = store.listed(watcher)
+    require(
+        "DSC-013",
+        0xBAD in listed and listed[0xBAD].address == address and not store.skipped(watcher),
+        f"a record whose host is {host!r} ({len(host)} characters) is usable and should be "
+        f"listed; the watcher lists {listed} and skipped {store.skipped(watcher)}",
+    )
 
 
 @covers("DSC-013")
