@@ -675,6 +675,27 @@ def test_a_soft_session_with_no_worker_routable_fails_typed(target: Target) -> N
     refused(target, host.route(HostRoute(session="s")), "AFF-007", "every worker inhibited")
 
 
+@covers("AFF-007")
+@requires(Capability.ROUTING_HOST)
+def test_a_soft_binding_served_at_its_worker_keeps_its_rank(target: Target) -> None:
+    """The binding follows the dispatch, rank included: a request served by the soft
+    binding's own worker leaves the binding's rank as it was (1, or none)."""
+    bound, _ = workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", soft())
+    host.configure_worker(bound, dp_size=2)
+    host.bind_session("ranked", bound, dp_rank=1)
+    host.bind_session("plain", bound)
+    for session, rank in (("ranked", 1), ("plain", 0)):
+        went = served(target, host.route(HostRoute(session=session)), "AFF-007", session)
+        view = host.session(session)
+        require(
+            "AFF-007",
+            went == [bound] and view.worker_id == bound and (view.dp_rank or 0) == rank,
+            f"session {session!r}, soft-bound to worker {bound} rank {rank or None}, should be "
+            f"served there and keep its rank; it went to {went} and is {view}",
+        )
+
+
 @covers("AFF-007", "AFF-011")
 @requires(Capability.ROUTING_HOST)
 def test_an_excluded_soft_target_is_routed_around_and_the_binding_follows(
