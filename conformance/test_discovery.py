@@ -10,6 +10,7 @@ milliseconds a check itself takes never decide it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 
@@ -525,6 +526,8 @@ REFUSED = [
     ("etcd:http://127.0.0.1:1", 10.0, "--discovery"),  # nothing answers there
     (OWN_STORE, 0.0, "--ttl"),
     (OWN_STORE, -1.0, "--ttl"),
+    (OWN_STORE, math.inf, "--ttl"),  # never lapses: a killed worker would stay listed
+    (OWN_STORE, math.nan, "--ttl"),
 ]
 
 
