@@ -770,15 +770,22 @@ def lora_host(target: Target, requirement: str, replicas: int) -> tuple[RoutingH
 def test_a_lora_request_goes_to_its_replica_set(target: Target, hint: int | None) -> None:
     host, replica = lora_host(target, "HST-016", replicas=1)
     pinned = None if hint is None else (hint if hint == UNKNOWN else replica + hint)
+    lora_requests_reach(target, host, pinned, replica, f"adapter ad lives only on {replica}")
+
+
+def lora_requests_reach(
+    target: Target, host: RoutingHostTarget, hint: int | None, worker: int, why: str
+) -> None:
+    """Three requests for adapter ``ad`` with ``hint`` each reach ``worker`` alone (HST-016)."""
     for _ in range(3):
         outcome, attempts = ended(
-            target, host.route(HostRoute(lora="ad", backend_instance_id=pinned)), "HST-016"
+            target, host.route(HostRoute(lora="ad", backend_instance_id=hint)), "HST-016"
         )
         require(
             "HST-016",
-            outcome.error is None and attempts == [replica],
-            f"adapter ad lives only on worker {replica}; with hint {pinned} the request "
-            f"reached {attempts} ({outcome.error and outcome.error.describe()})",
+            outcome.error is None and attempts == [worker],
+            f"{why}; with hint {hint} the request should reach {worker}, it reached "
+            f"{attempts} ({outcome.error and outcome.error.describe()})",
         )
 
 
@@ -791,17 +798,11 @@ def test_a_lora_hint_whose_replica_vanished_falls_back_within_the_set(target: Ta
     host = host_of(target, "HST-016", HostConfig(policy="round-robin", lora=True))
     host.set_lora_replicas("ad", frozenset({first, second}))
     target.vanish_worker(second)
-    for _ in range(3):
-        outcome, attempts = ended(
-            target, host.route(HostRoute(lora="ad", backend_instance_id=second)), "HST-016"
-        )
-        require(
-            "HST-016",
-            outcome.error is None and attempts == [first],
-            f"adapter ad lives on {first} and {second}, and hinted replica {second} has no "
-            f"transport record: the request should reach {first}, never {outside}; it reached "
-            f"{attempts} ({outcome.error and outcome.error.describe()})",
-        )
+    why = (
+        f"adapter ad lives on {first} and {second} (not {outside}), and hinted replica "
+        f"{second} has no transport record"
+    )
+    lora_requests_reach(target, host, second, first, why)
 
 
 @covers("HST-017")
