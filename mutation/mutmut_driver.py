@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -99,6 +99,13 @@ def run(stage: Path, names: list[str], children: int, log: Path) -> int:
     return done.returncode
 
 
+def meta_files(stage: Path) -> Iterator[tuple[str, Path]]:
+    """Each mutated file's ``.meta`` in the stage, with its module (routing/selection.py)."""
+    root = stage / "mutants" / "src" / "routespec"
+    for meta in sorted(root.rglob("*.py.meta")):
+        yield meta.relative_to(root).with_suffix("").as_posix(), meta
+
+
 def verdicts(stage: Path) -> dict[str, Verdict]:
     """Every mutant of the stage by name, with its last verdict (``not checked`` if none)."""
     # mutmut's own words for its exit codes; imported here so the report needs no mutmut
@@ -106,10 +113,8 @@ def verdicts(stage: Path) -> dict[str, Verdict]:
     from mutmut.utils.format_utils import mangled_name_from_mutant_name
 
     found: dict[str, Verdict] = {}
-    root = stage / "mutants" / "src" / "routespec"
-    for meta in sorted(root.rglob("*.py.meta")):
+    for module, meta in meta_files(stage):
         data = json.loads(meta.read_text())
-        module = meta.relative_to(root).with_suffix("").as_posix()
         durations = data.get("durations_by_key", {})
         hashes = data.get("hash_by_function_name", {})
         for name, code in data["exit_code_by_key"].items():

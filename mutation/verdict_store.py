@@ -11,21 +11,17 @@ that time: after adding checks, ``--rerun-alive`` judges the survivors again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from mutation.mutmut_driver import meta_files
 
 STORE = Path(__file__).with_name("verdicts.json")
 MUTMUT = "3.8.1"
 
 # lane -> module -> function -> {"hash": ..., "mutants": {number: [exit code, seconds, commit]}}
 Functions = dict[str, dict[str, Any]]
-
-
-def _metas(stage: Path) -> Iterator[tuple[str, Path]]:
-    root = stage / "mutants" / "src" / "routespec"
-    for meta in sorted(root.rglob("*.py.meta")):
-        yield meta.relative_to(root).with_suffix("").as_posix(), meta
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -49,7 +45,7 @@ def restore(stage: Path, lane: str, path: Path = STORE) -> int:
     unchanged; returns how many were restored."""
     stored = load(path).get(lane, {})
     restored = 0
-    for module, meta_path in _metas(stage):
+    for module, meta_path in meta_files(stage):
         functions = stored.get(module)
         if not functions:
             continue
@@ -100,7 +96,7 @@ def save(stages: Mapping[str, Path], commit: str, path: Path = STORE) -> None:
     lanes = load(path)
     for lane, stage in stages.items():
         modules = lanes.setdefault(lane, {})
-        for module, meta_path in _metas(stage):
+        for module, meta_path in meta_files(stage):
             merged = _merged(modules.get(module, {}), json.loads(meta_path.read_text()), commit)
             if merged:
                 modules[module] = merged
