@@ -5,15 +5,18 @@ python -m mutation run --module routing/selection.py --module routing/worker_set
 python -m mutation run --sample 40 --seed 1     # the CI lane: prints the kill rate
 python -m mutation run --rerun-alive --module migration.py   # after adding checks
 python -m mutation report                       # rebuild report and page, run nothing
+python -m mutation equivalent NAME... --reason "one line: why no check can tell"
+python -m mutation try NAME... --adapter reference-tcp -- conformance/test_transport.py -k frame
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from mutation import campaign, report
+from mutation import campaign, equivalents, mutmut_driver, report, trial
 
 ROOT = Path(__file__).resolve().parent.parent
 ADAPTERS = ("reference", "reference-tcp")
@@ -48,6 +51,27 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 1 if the kill rate (0..1) is below RATE",
     )
     report_command = commands.add_parser("report", help="rebuild the report from stored verdicts")
+    equivalent = commands.add_parser(
+        "equivalent",
+        help="list mutants as equivalent in mutation/equivalents.toml, pinned to the hash of "
+        "their function in the last run's stage",
+    )
+    equivalent.add_argument("names", nargs="+", metavar="NAME", help="mutmut's mutant names")
+    equivalent.add_argument(
+        "--reason", required=True, help="one line: why no conforming observation differs"
+    )
+    try_command = commands.add_parser(
+        "try",
+        usage="python -m mutation try NAME... [--adapter A] -- PYTEST_ARGUMENTS",
+        help="run checks of the working tree against mutants of the last run's stage (the "
+        "unmutated reference first): does a new check kill them?",
+    )
+    try_command.add_argument("names", nargs="+", metavar="NAME", help="mutmut's mutant names")
+    try_command.add_argument("--adapter", default=ADAPTERS[0], help="the lane (default reference)")
+    for command in (equivalent, try_command):
+        command.add_argument(
+            "--out", type=Path, help="the run's state directory (default build/mutation)"
+        )
     for command in (run, report_command):
         command.add_argument(
             "--adapters",
@@ -72,7 +96,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    checks = argv[argv.index("--") + 1 :] if "--" in argv else []  # try: pytest's arguments
+    args = _parser().parse_args(argv[: len(argv) - len(checks) - (1 if checks else 0)])
+    if args.command == "equivalent":
+        return _list_equivalent(args.names, args.reason, args.out or ROOT / "build" / "mutation")
+    if args.command == "try":
+        return _try(args.names, args.adapter, checks, args.out or ROOT / "build" / "mutation")
     adapters = [a for a in args.adapters.split(",") if a]
     sample = getattr(args, "sample", None)
     out = (args.out or ROOT / "build" / ("mutation-sample" if sample else "mutation")).resolve()
@@ -100,6 +130,30 @@ def main(argv: list[str] | None = None) -> int:
     rate = result["overall"]["score"]
     fail_under = getattr(args, "fail_under", None)
     return 1 if fail_under is not None and (rate is None or rate < fail_under) else 0
+
+
+def _list_equivalent(names: list[str], reason: str, out: Path) -> int:
+    known = mutmut_driver.verdicts(out / ADAPTERS[0]) if (out / ADAPTERS[0]).exists() else {}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        print(f"not a mutant of the stage in {out / ADAPTERS[0]}: {', '.join(unknown)}")
+        return 1
+    added = equivalents.add({name: known[name].function_hash for name in names}, reason)
+    for name in names:
+        print(("listed " if name in added else "already listed ") + name)
+    return 0
+
+
+def _try(names: list[str], adapter: str, checks: list[str], out: Path) -> int:
+    stage = out / adapter
+    if not (stage / "mutants" / "src").exists():
+        print(f"no stage in {stage}: run python -m mutation run first")
+        return 1
+    outcomes = trial.run(stage, adapter, names, checks)
+    print(f"unmutated reference: {outcomes.pop('').replace('survived', 'passed', 1)}")
+    for name, outcome in outcomes.items():
+        print(f"{name}: {outcome}")
+    return 0 if all(o.startswith("killed") for o in outcomes.values()) else 1
 
 
 def _print_summary(result: dict[str, Any], path: Path, docs: Path | None) -> None:

@@ -30,6 +30,10 @@ print(f"{stats.mutated} files mutated, {stats.ignored} copied, {stats.unmodified
 
 
 TIMEOUT_MULTIPLIER = 5.0  # a mutant times out after this times (its checks' seconds + 1)
+# Wall seconds one check may take under a mutant (pytest-timeout; the slowest check takes
+# under 4 s unmutated). mutmut's limit above is per mutant, several times the seconds of every
+# check reaching the function: a hung watcher held a child for 2.5 minutes.
+CHECK_SECONDS = 30
 
 
 @attrs.frozen

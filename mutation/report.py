@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mutation.equivalents import Equivalent
-from mutation.mutmut_driver import TIMEOUT_MULTIPLIER, Verdict
+from mutation.mutmut_driver import CHECK_SECONDS, TIMEOUT_MULTIPLIER, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = ("killed", "timeout", "survived", "no tests", "suspicious", "skipped", "not checked")
@@ -248,7 +248,11 @@ def markdown(
         *_judged_at(report.get("judged_at")),
         "",
         "Run it with `python -m mutation run [--module routing/selection.py ...]` "
-        "(see `python -m mutation --help`); the CI sample lane is `.ci/mutation-sample`.",
+        "(see `python -m mutation --help`); the CI sample lane is `.ci/mutation-sample`. "
+        "Triage a survivor with `python -m mutation try NAME --adapter A -- CHECKS` (the "
+        "working tree's checks against that mutant, the unmutated reference first) and, "
+        "when no check can tell it apart, `python -m mutation equivalent NAME --reason "
+        '"..."`.',
         "",
         "## How it runs",
         "",
@@ -262,7 +266,8 @@ def markdown(
         "- A first run of the suite records which checks reach each function; each mutant "
         "then runs only those checks (`-x`), in a process forked from a warmed one. A "
         f"mutant times out after {TIMEOUT_MULTIPLIER:g} times (its checks' recorded seconds "
-        "+ 1) of wall time.",
+        f"+ 1) of wall time, and a single check fails after {CHECK_SECONDS} s (pytest-timeout: "
+        "a check a mutant hangs kills it in seconds, where mutmut's own limit took minutes).",
         "- Lanes: `reference` first, then `reference-tcp` on what the first left alive "
         "(survived or reached by no check); a mutant killed by either lane is killed.",
         "- Equivalent mutants (`mutation/equivalents.toml`) are not run; an entry pins the "

@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from mutation.layers import EXCLUDED, SPECIFIED
-from mutation.mutmut_driver import TIMEOUT_MULTIPLIER
+from mutation.mutmut_driver import CHECK_SECONDS, TIMEOUT_MULTIPLIER
 from mutation.report import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,19 +64,25 @@ def _toml_list(items: list[str]) -> str:
     return json.dumps(items)  # a JSON list of strings is a TOML array
 
 
+def pytest_args(adapter: str) -> list[str]:
+    """What every check run of ``adapter``'s lane is given."""
+    args = ["--adapter", adapter, "--hypothesis-profile", PROFILE, "-p", "no:cacheprovider"]
+    args += [f"--timeout={CHECK_SECONDS}", "--timeout-method=signal"]
+    if not _plugin_installed():
+        args += ["-p", "routespec.conformance.plugin"]
+    return args
+
+
 def pyproject(adapter: str) -> str:
     only = [f"src/routespec/{glob}" for glob in SPECIFIED]
     excluded = [f"src/routespec/{path}" for path in EXCLUDED]
-    pytest_args = ["--adapter", adapter, "--hypothesis-profile", PROFILE, "-p", "no:cacheprovider"]
-    if not _plugin_installed():
-        pytest_args += ["-p", "routespec.conformance.plugin"]
     return f"""# Written by mutation/stage.py; edit that file instead.
 [tool.mutmut]
 source_paths = ["src"]
 only_mutate = {_toml_list(only)}
 do_not_mutate = {_toml_list(excluded)}
 pytest_add_cli_args_test_selection = ["src/routespec/conformance"]
-pytest_add_cli_args = {_toml_list(pytest_args)}
+pytest_add_cli_args = {_toml_list(pytest_args(adapter))}
 also_copy = ["conftest.py"]
 use_git_change_detection = false
 # mutmut's default is 15: a mutant that hangs a check (a stuck watcher, a lost wake-up) then

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mutation import report, stage, verdict_store
+from mutation import equivalents, report, stage, trial, verdict_store
 from mutation.equivalents import Equivalent, load
 from mutation.layers import is_specified
 from mutation.mutmut_driver import Verdict
@@ -208,3 +208,23 @@ def test_a_part_run_adds_to_what_is_stored(tmp_path: Path) -> None:
     assert verdict_store.restore(fresh, "reference", store) == 2
     assert _codes(fresh) == {f"{SELECT}__mutmut_1": 1, f"{SELECT}__mutmut_2": 0}
     assert verdict_store.judged_at(store) == {"c1": 1, "c2": 1}
+
+
+def test_an_added_equivalent_reads_back_pinned_to_its_function(tmp_path: Path) -> None:
+    path = tmp_path / "equivalents.toml"
+    path.write_text('["a__mutmut_1"]\nreason = "old"\n')
+    reason = 'Only the message text changes ("quoted"); the spec leaves it unchecked.'
+    added = equivalents.add({"a__mutmut_1": "0", "b__mutmut_2": "abc123"}, reason, path)
+    assert added == ["b__mutmut_2"]
+    assert load(path)["b__mutmut_2"] == Equivalent("b__mutmut_2", reason, "abc123")
+    assert load(path)["a__mutmut_1"].reason == "old"
+    with pytest.raises(ValueError, match="one non-empty line"):
+        equivalents.add({"c__mutmut_3": "1"}, "two\nlines", path)
+
+
+def test_a_trial_runs_the_working_trees_checks_at_their_staged_paths() -> None:
+    assert trial._staged_path("conformance/test_x.py::check") == (
+        "src/routespec/conformance/test_x.py::check"
+    )
+    assert trial._staged_path("-k") == "-k"
+    assert "--timeout=30" in stage.pytest_args("reference-tcp")
