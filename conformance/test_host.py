@@ -697,6 +697,27 @@ def test_a_planned_route_spends_its_preview_budget(target: Target, elapsed: floa
     )
 
 
+@covers("HST-013", "HST-014")
+@requires(HOST)
+def test_a_planned_decode_stopped_before_its_preview_still_reaches_its_worker(
+    target: Target,
+) -> None:
+    """A staged-KV decode leg whose caller stopped before routing began runs its planned
+    route (preview, plan, dispatch) inside the budget and reaches its worker."""
+    (worker,) = workers(target, 1)
+    host = host_of(target, "HST-013", HostConfig(policy="kv"))
+    staged = HostRoute(phase="decode", staged_kv=True, stopped=True)
+    preview = planned(host.preview(staged), "HST-013")
+    plan = planned(host.plan(preview.plan_id), "HST-013")
+    outcome, attempts = ended(target, host.dispatch_plan(plan.plan_id), "HST-013")
+    require(
+        "HST-013",
+        outcome.error is None and attempts == [worker],
+        f"a stopped staged-KV decode leg must still reach worker {worker} through its plan; "
+        f"reached {attempts}, got {outcome}",
+    )
+
+
 @covers("HST-022")
 @requires(HOST)
 @pytest.mark.parametrize(
@@ -787,6 +808,35 @@ def lora_requests_reach(
             f"{why}; with hint {hint} the request should reach {worker}, it reached "
             f"{attempts} ({outcome.error and outcome.error.describe()})",
         )
+
+
+@covers("HST-016")
+@requires(HOST)
+def test_a_lora_hint_inside_the_set_is_followed(target: Target) -> None:
+    """Two replicas of three workers: a hint naming one of them is where every request goes
+    (a hint is overridden only when it is outside the set)."""
+    _outside, first, second = workers(target, 3)
+    host = host_of(target, "HST-016", HostConfig(policy="round-robin", lora=True))
+    host.set_lora_replicas("ad", frozenset({first, second}))
+    why = f"adapter ad lives on {first} and {second}, and the hint names {second}"
+    lora_requests_reach(target, host, second, second, why)
+
+
+@covers("HST-016")
+@requires(HOST)
+def test_without_lora_filtering_a_lora_name_restricts_nothing(target: Target) -> None:
+    """A round-robin host without LoRA filtering spreads requests naming an adapter over
+    every worker, as it does any other request."""
+    pool = workers(target, 2)
+    host = host_of(target, "HST-016", HostConfig(policy="round-robin"))
+    went = [w for _ in range(4) for w in reached(target, host.route(HostRoute(lora="ad")))]
+    require_equal(
+        "HST-016",
+        sorted(set(went)),
+        sorted(pool),
+        f"without LoRA filtering, requests naming adapter ad should go round-robin over "
+        f"{pool}; they reached {went}",
+    )
 
 
 @covers("HST-016")

@@ -33,6 +33,8 @@ from routespec.testing.target import (
     RoutingHostTarget,
     Serve,
     SessionView,
+    Silent,
+    SilentStage,
     Stall,
     Target,
     WorkerScript,
@@ -662,6 +664,23 @@ def test_a_soft_binding_whose_worker_vanished_falls_back_and_follows(
     bound_to(host, "s", attempts[0], "AFF-007", "after the dispatch fell back")
 
 
+@covers("AFF-003", "AFF-007")
+@requires(Capability.ROUTING_HOST, Capability.MOCK_CLOCK)
+def test_a_planned_soft_dispatch_renews_the_binding_it_follows(target: Target) -> None:
+    """Following the dispatch is a use: a soft session's plan dispatched TTL - 1 s after it
+    was made keeps the binding for a whole TTL from the dispatch, not from the plan."""
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", soft("kv"))
+    host.bind_session("s", pool[0])
+    preview = planned(host.preview(HostRoute(session="s")), "AFF-007")
+    plan = planned(host.plan(preview.plan_id), "AFF-007")
+    target.advance_time(TTL - 1)
+    went = served(target, host.dispatch_plan(plan.plan_id), "AFF-007", "the planned request")
+    require_equal("AFF-007", went, [pool[0]], f"bound to {pool[0]}, the plan went to {went}")
+    target.advance_time(2.0)
+    bound_to(host, "s", pool[0], "AFF-003", f"{TTL + 1} s after the plan, 2 s after its dispatch")
+
+
 @covers("AFF-007", "HST-021")
 @requires(Capability.ROUTING_HOST, Capability.REPORT_DOWN)
 def test_a_soft_session_with_no_worker_routable_fails_typed(target: Target) -> None:
@@ -732,6 +751,26 @@ def test_a_request_without_a_session_moves_no_soft_binding(target: Target) -> No
     bound_to(host, "s", bound, "AFF-007", "after requests without a session went elsewhere")
 
 
+@covers("AFF-004", "AFF-007")
+@requires(Capability.ROUTING_HOST)
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_an_empty_session_id_is_no_session(target: Target, mode: str) -> None:
+    """Requests whose session id is empty are routed as requests without a session: they
+    bind nothing, follow nothing and move no other session's binding."""
+    bound, other = workers(target, 2, Serve())
+    host = host_of(target, "AFF-004", hard() if mode == "hard" else soft())
+    host.bind_session("s", bound)
+    empty = HostRoute(session="")
+    went = [w for _ in range(4) for w in served(target, host.route(empty), "AFF-004", "")]
+    require(
+        "AFF-004",
+        sorted(set(went)) == sorted({bound, other}),
+        f"requests with an empty session id should be routed as if unbound (round-robin over "
+        f"{bound} and {other}), not pinned to one worker; they went to {went}",
+    )
+    bound_to(host, "s", bound, "AFF-007", "after requests with an empty session id")
+
+
 @covers("AFF-007")
 @requires(Capability.ROUTING_HOST, Capability.REPORT_DOWN)
 def test_direct_mode_dispatches_a_soft_binding_exactly(target: Target) -> None:
@@ -751,6 +790,26 @@ def test_direct_mode_dispatches_a_soft_binding_exactly(target: Target) -> None:
         f"the request went to {went}",
     )
     bound_to(host, "s", worker, "AFF-007", "a Direct dispatch to the soft binding")
+
+
+@covers("AFF-003", "AFF-007")
+@requires(Capability.ROUTING_HOST, Capability.MOCK_CLOCK, Capability.SCRIPT_SILENCE)
+def test_a_soft_binding_that_lapses_during_its_dispatch_stays_lapsed(target: Target) -> None:
+    """The binding's TTL runs out while its request waits for the worker's ACK: the request
+    is still served there, and following the dispatch does not bring the binding back."""
+    ttl = 1.0
+    workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", HostConfig(affinity_ttl=ttl, affinity_mode="soft"))
+    worker = served(target, host.route(HostRoute(session="s")), "AFF-007", "first request")[0]
+    target.script_worker(worker, Silent(SilentStage.ACK))
+    request = host.route(HostRoute(session="s"))
+    target.advance_time(ttl + 0.5)  # past the TTL, well before the ACK deadline
+    target.release_stalled(worker)
+    went = served(target, request, "AFF-007", "a request whose binding lapsed before its ACK")
+    require_equal(
+        "AFF-007", went, [worker], f"the session was bound to {worker} when routed; went {went}"
+    )
+    unbound(host, "s", "AFF-003", f"{ttl + 0.5} s after its last use (TTL {ttl} s)")
 
 
 # --- AFF-008 ---

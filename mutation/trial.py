@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mutation import mutmut_driver
+from mutation.layers import is_specified
 from mutation.stage import PACKAGE_DIRS, SKIP_PARTS, pytest_args
 
 # pytest's exit codes: what each says of the mutant
@@ -33,13 +34,26 @@ def _scratch(stage: Path, into: Path) -> Path:
         into,
         ignore=shutil.ignore_patterns(*SKIP_PARTS, "*.meta", "*.spans", "mutmut-stats.json"),
     )
+    package = into / "src" / "routespec"
     for subpackage, source in PACKAGE_DIRS.items():
         if not subpackage:
-            continue  # the reference itself stays mutated
-        target = into / "src" / "routespec" / subpackage
+            _overlay_unmutated(source, package)  # the mutated modules stay as staged
+            continue
+        target = package / subpackage
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target, ignore=shutil.ignore_patterns(*SKIP_PARTS))
     return into
+
+
+def _overlay_unmutated(source: Path, package: Path) -> None:
+    """The working tree's test kit and tooling (``testing/``, ``deploy/``, ...): a new check
+    may need a target-protocol change made since the stage."""
+    for path in source.rglob("*"):
+        relative = path.relative_to(source)
+        if path.is_dir() or SKIP_PARTS & set(relative.parts) or is_specified(relative.as_posix()):
+            continue
+        (package / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, package / relative)
 
 
 def _staged_path(argument: str) -> str:

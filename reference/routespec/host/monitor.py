@@ -185,11 +185,9 @@ class MonitoredStream:
     async def _close(self, *, completed: bool = False) -> None:
         self._publish_withheld()
         self._end(completed=completed)
-        with trio.CancelScope(shield=True):
-            await self._inner.aclose()
+        await self._inner.aclose()  # cancellation-safe itself: no shield needed here
 
     async def aclose(self) -> None:
         if not self._done:
             self._end(completed=False)
-        with trio.CancelScope(shield=True):
-            await self._inner.aclose()
+        await self._inner.aclose()

@@ -63,6 +63,11 @@ class RequestContext:
         self._listeners.remove(listener)
 
 
+def _session(session_id: str | None) -> str | None:
+    """An empty session id is no session (AFF-004), as Dynamo's frontend reads it."""
+    return session_id or None
+
+
 @attrs.frozen
 class HostRequest:
     """``staged_kv``: a decode leg whose remote prefill left KV blocks on its worker."""
@@ -70,7 +75,7 @@ class HostRequest:
     request: Request
     phase: Phase = Phase.AGGREGATED
     hints: RoutingHints = RoutingHints()
-    session_id: str | None = None
+    session_id: str | None = attrs.field(default=None, converter=_session)
     staged_kv: bool = False
     context: RequestContext = attrs.field(factory=RequestContext, eq=False)
 

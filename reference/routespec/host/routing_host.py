@@ -29,7 +29,6 @@ from routespec.routing.exclusions import Exclusions
 from routespec.routing.occupancy import OccupancyTracker, Permit
 from routespec.routing.push_router import ALLOW, DENY, Prepare, PushRouter, TransportFallback
 from routespec.routing.selection import RouterMode
-from routespec.routing.streaming import Request
 
 
 class WorkerInput(enum.Flag):
@@ -480,9 +479,6 @@ class RoutingHost:
             if kv is not None:  # routing decisions stand in for KV events (KVS-001)
                 kv.index.record(route.worker_id, kv.hashes(request.tokens()))
 
-        def prepare(outgoing: Request, instance_id: int) -> Request:
-            return outgoing if self.prepare is None else self.prepare(outgoing, instance_id)
-
         # A KV-admitted route is exact: the booking and the index entry stay true (KVS-016).
         admitted = kv is not None and route.booking is not None
 
@@ -492,7 +488,7 @@ class RoutingHost:
                 route.worker_id,
                 route.fallback,
                 route.permit,
-                prepare,
+                self.prepare,
                 exclusions,
                 admitted=admitted,
             )
