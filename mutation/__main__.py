@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     try_command.add_argument("names", nargs="+", metavar="NAME", help="mutmut's mutant names")
     try_command.add_argument("--adapter", default=ADAPTERS[0], help="the lane (default reference)")
+    try_command.add_argument(
+        "--record",
+        action="store_true",
+        help="write the kills into the lane's verdicts (only if the checks pass unmutated)",
+    )
     for command in (equivalent, try_command):
         command.add_argument(
             "--out", type=Path, help="the run's state directory (default build/mutation)"
@@ -102,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "equivalent":
         return _list_equivalent(args.names, args.reason, args.out or ROOT / "build" / "mutation")
     if args.command == "try":
-        return _try(args.names, args.adapter, checks, args.out or ROOT / "build" / "mutation")
+        out = args.out or ROOT / "build" / "mutation"
+        return _try(args.names, args.adapter, checks, out, record=args.record)
     adapters = [a for a in args.adapters.split(",") if a]
     sample = getattr(args, "sample", None)
     out = (args.out or ROOT / "build" / ("mutation-sample" if sample else "mutation")).resolve()
@@ -144,16 +150,21 @@ def _list_equivalent(names: list[str], reason: str, out: Path) -> int:
     return 0
 
 
-def _try(names: list[str], adapter: str, checks: list[str], out: Path) -> int:
+def _try(names: list[str], adapter: str, checks: list[str], out: Path, *, record: bool) -> int:
     stage = out / adapter
     if not (stage / "mutants" / "src").exists():
         print(f"no stage in {stage}: run python -m mutation run first")
         return 1
     outcomes = trial.run(stage, adapter, names, checks)
-    print(f"unmutated reference: {outcomes.pop('').replace('survived', 'passed', 1)}")
-    for name, outcome in outcomes.items():
+    unmutated, _ = outcomes.pop("")
+    print(f"unmutated reference: {unmutated.replace('survived', 'passed', 1)}")
+    for name, (outcome, _seconds) in outcomes.items():
         print(f"{name}: {outcome}")
-    return 0 if all(o.startswith("killed") for o in outcomes.values()) else 1
+    killed = {n: seconds for n, (o, seconds) in outcomes.items() if o.startswith("killed")}
+    if record and unmutated.startswith("survived") and killed:
+        written = trial.record_kills(stage, killed)
+        print(f"recorded {written} kills in the {adapter} lane (python -m mutation report)")
+    return 0 if len(killed) == len(outcomes) else 1
 
 
 def _print_summary(result: dict[str, Any], path: Path, docs: Path | None) -> None:

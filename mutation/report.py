@@ -250,7 +250,8 @@ def markdown(
         "Run it with `python -m mutation run [--module routing/selection.py ...]` "
         "(see `python -m mutation --help`); the CI sample lane is `.ci/mutation-sample`. "
         "Triage a survivor with `python -m mutation try NAME --adapter A -- CHECKS` (the "
-        "working tree's checks against that mutant, the unmutated reference first) and, "
+        "working tree's checks against that mutant, the unmutated reference first; "
+        "`--record` writes its kills into the lane's verdicts) and, "
         "when no check can tell it apart, `python -m mutation equivalent NAME --reason "
         '"..."`.',
         "",

@@ -11,12 +11,14 @@ working tree's suite, adapters and spec over them, and runs pytest there once un
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mutation import mutmut_driver
@@ -64,9 +66,11 @@ def _staged_path(argument: str) -> str:
     return argument
 
 
-def run(stage: Path, adapter: str, names: Sequence[str], checks: Sequence[str]) -> dict[str, str]:
-    """The outcome for the unmutated reference (key ``""``) and for each mutant."""
-    outcomes: dict[str, str] = {}
+def run(
+    stage: Path, adapter: str, names: Sequence[str], checks: Sequence[str]
+) -> dict[str, tuple[str, float]]:
+    """The outcome and seconds for the unmutated reference (key ``""``) and each mutant."""
+    outcomes: dict[str, tuple[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="trial-", dir=stage.parent) as temporary:
         scratch = _scratch(stage, Path(temporary) / "tree")
         environment = mutmut_driver.environment(stage)
@@ -79,10 +83,45 @@ def run(stage: Path, adapter: str, names: Sequence[str], checks: Sequence[str]) 
         for name in ["", *names]:
             if name:
                 environment["MUTANT_UNDER_TEST"] = name
+            started = time.monotonic()
             done = subprocess.run(
                 command, cwd=scratch, env=environment, check=False, capture_output=True, text=True
             )
             outcome = OUTCOMES.get(done.returncode, f"exit {done.returncode}")
             lines = done.stdout.strip().splitlines()
-            outcomes[name] = f"{outcome} ({lines[-1] if lines else done.stderr.strip()[-200:]})"
+            shown = f"{outcome} ({lines[-1] if lines else done.stderr.strip()[-200:]})"
+            outcomes[name] = (shown, time.monotonic() - started)
     return outcomes
+
+
+def record_kills(stage: Path, killed: Mapping[str, float]) -> int:
+    """Write kills into the stage's meta files as a run would (mutmut's exit code 1, with
+    the seconds the checks took); returns how many were written. A kill by some of the
+    suite's checks is a kill by the suite. Refused while mutmut runs in the stage: it
+    rewrites the meta files from memory and would drop them."""
+    if _mutmut_running_in(stage):
+        raise SystemExit(f"mutmut is running in {stage}: record the kills after it ends")
+    written = 0
+    for _module, meta_path in mutmut_driver.meta_files(stage):
+        data = json.loads(meta_path.read_text())
+        found = [name for name in killed if name in data["exit_code_by_key"]]
+        for name in found:
+            data["exit_code_by_key"][name] = 1
+            data["durations_by_key"][name] = round(killed[name], 3)
+        if found:
+            meta_path.write_text(json.dumps(data, indent=4))
+            written += len(found)
+    return written
+
+
+def _mutmut_running_in(stage: Path) -> bool:
+    mutants = (stage / "mutants").resolve()
+    for process in Path("/proc").glob("[0-9]*"):
+        try:
+            cwd = (process / "cwd").resolve()
+            command = (process / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cwd == mutants and b"mutmut" in command:
+            return True
+    return False

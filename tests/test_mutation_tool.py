@@ -228,3 +228,14 @@ def test_a_trial_runs_the_working_trees_checks_at_their_staged_paths() -> None:
     )
     assert trial._staged_path("-k") == "-k"
     assert "--timeout=30" in stage.pytest_args("reference-tcp")
+
+
+def test_a_recorded_kill_is_a_verdict_of_the_lane(tmp_path: Path) -> None:
+    meta = tmp_path / "mutants" / "src" / "routespec" / "routing" / "selection.py.meta"
+    meta.parent.mkdir(parents=True)
+    names = {"a__mutmut_1": 0, "a__mutmut_2": None}
+    meta.write_text(json.dumps({"exit_code_by_key": names, "durations_by_key": {}}))
+    assert trial.record_kills(tmp_path, {"a__mutmut_2": 1.25, "elsewhere__mutmut_1": 2.0}) == 1
+    data = json.loads(meta.read_text())
+    assert data["exit_code_by_key"] == {"a__mutmut_1": 0, "a__mutmut_2": 1}
+    assert data["durations_by_key"] == {"a__mutmut_2": 1.25}
