@@ -31,6 +31,7 @@ from routespec.routing.streaming import (
     ReadInterrupted,
     Request,
     StreamingDispatch,
+    answered,
     readiness,
 )
 
@@ -144,6 +145,8 @@ class DeadlineStream:
         self._expired = True
         with trio.CancelScope(shield=True):
             await self._inner.aclose()  # the worker is told to stop (TRN-017)
+        if answered(self._inner):
+            raise StopAsyncIteration  # the answer was whole: only its end marker was late
         if self._items_seen:
             message = f"{INACTIVITY}: no item for {seconds} s (TMO-005)"
         else:

@@ -80,6 +80,12 @@ def interrupter(stream: object) -> Callable[[], None] | None:
     return None if offer is None else offer()
 
 
+def answered(stream: object) -> bool:
+    """Whether ``stream`` has its whole answer (Dynamo's ``complete_final``) and waits only
+    for the end-of-stream marker, a wait the stream bounds itself."""
+    return bool(getattr(stream, "final_seen", False))
+
+
 def readiness(stream: object) -> Callable[[], bool] | None:
     """``stream``'s ``ready``, if it has one: True when its next read cannot wait (the item,
     or the end, is already in hand), so a reader need not arm a deadline for it."""

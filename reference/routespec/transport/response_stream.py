@@ -43,6 +43,11 @@ class TcpResponseStream:
     def __aiter__(self) -> TcpResponseStream:
         return self
 
+    @property
+    def final_seen(self) -> bool:
+        """``complete_final`` came: the answer is whole, the sentinel may follow."""
+        return self._final_seen
+
     def ready(self) -> bool:
         """The next read cannot wait: the stream has ended, or the frames it will read are
         buffered (one after ``complete_final``; else two, in case the first is that)."""
