@@ -142,6 +142,10 @@ class Cluster(Protocol):
     def worker_bytes(self, worker_id: int) -> int: ...
     async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
     def worker_path(self, worker_id: int) -> str: ...
+    def reused_streams(self, worker_id: int) -> int:
+        """Response streams the worker wrote on a connection a caller released to it."""
+        ...
+
     async def black_hole(self) -> str:
         """An address whose connections never complete (Capability.SCRIPT_SILENCE)."""
         ...
@@ -193,6 +197,9 @@ class InProcessCluster:
 
     def worker_path(self, worker_id: int) -> str:
         raise NotImplementedError("in-process workers have no request plane")
+
+    def reused_streams(self, worker_id: int) -> int:
+        raise NotImplementedError("in-process workers have no response connections")
 
     async def black_hole(self) -> str:
         raise NotImplementedError("in-process workers are not connected to")
@@ -269,6 +276,8 @@ class ReferenceTarget:
         self._scopes: dict[str, trio.CancelScope] = {}
         self._ids = itertools.count(1)
         self._request_numbers = itertools.count(1)
+        self._paced = False  # pace_reads
+        self._reads: dict[str, trio.Semaphore] = {}  # a paced request's reads allowed so far
 
         self._guards: set[CountingGuard] = set()
 
@@ -438,6 +447,8 @@ class ReferenceTarget:
         request_id = f"req-{next(self._request_numbers)}"
         guard = CountingGuard(self._guards) if guarded else None
         request = Request(request_id, {}, dict(metadata or {}), guard)
+        if self._paced:
+            self._reads[request_id] = trio.Semaphore(0)
         self._portal.start_soon(lambda: self._run(request, open_stream))
         if self._in_a_process(request_id):
             self._portal.call(
@@ -463,6 +474,13 @@ class ReferenceTarget:
     def outcome(self, request_id: str) -> Outcome | None:
         return self._outcomes.get(request_id)
 
+    def pace_reads(self, paced: bool) -> None:
+        self._paced = paced
+
+    def read(self, request_id: str, items: int = 1) -> None:
+        reads = self._reads[request_id]
+        self._portal.call_sync(lambda: [reads.release() for _ in range(items)])
+
     def drop(self, request_id: str) -> None:
         self._portal.call_sync(self._scopes[request_id].cancel)
 
@@ -481,15 +499,24 @@ class ReferenceTarget:
                 del self._scopes[request.request_id]
                 self._outcomes[request.request_id] = Outcome((), observe(failure, pre_stream=True))
                 return
-            async for item in stream:
-                if item.error is not None:
-                    error_item = observe(item.error, pre_stream=False)
-                    if self._host is not None:
-                        bookings = self._host.bookings()  # as the caller sees the error
-                    break  # a caller stops reading at the first error item
-                items.append(item.data)
-        if stream is not None:
-            with trio.CancelScope(shield=True):
+            reads = self._reads.get(request.request_id)
+            try:
+                while True:
+                    if reads is not None:
+                        await reads.acquire()  # a paced caller reads when the check says
+                    try:
+                        item = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    if item.error is not None:
+                        error_item = observe(item.error, pre_stream=False)
+                        if self._host is not None:
+                            bookings = self._host.bookings()  # as the caller sees the error
+                        break  # a caller stops reading at the first error item
+                    items.append(item.data)
+            finally:
+                # Inside the scope drop() cancels, unshielded: a caller closes its stream
+                # from a cancelled scope, and closing must still release everything.
                 await stream.aclose()
         del self._scopes[request.request_id]
         self._outcomes[request.request_id] = Outcome(
@@ -609,6 +636,9 @@ class ReferenceTarget:
 
     def worker_path(self, worker_id: int) -> str:
         return self._cluster.worker_path(worker_id)
+
+    def reused_streams(self, worker_id: int) -> int:
+        return self._cluster.reused_streams(worker_id)
 
     # raw connections held open to a worker
 

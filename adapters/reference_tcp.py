@@ -9,6 +9,7 @@ waiting for them in real time, since the portal's clock is a mock that only move
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import resource
@@ -33,7 +34,9 @@ from routespec.testing.target import (
     WorkerScript,
 )
 from routespec.transport.connection import CONNECTION_ERRORS, LOOPBACK, FramedConnection
+from routespec.transport.control import DialBackPolicy
 from routespec.transport.frames import WireProtocolError
+from routespec.transport.response_pool import ResponsePool
 from routespec.transport.tcp_dispatch import TcpDispatch
 from routespec.transport.worker_server import WorkerLimits
 
@@ -112,6 +115,8 @@ class RawConnection:
 def worker_limits(bounds: WorkerBounds) -> WorkerLimits:
     """The server's limits: those ``bounds`` sets, the server's own defaults for the rest."""
     given = {name: value for name, value in attrs.asdict(bounds).items() if value is not None}
+    if (hosts := given.pop("dial_back_hosts", None)) is not None:
+        given["dial_back"] = DialBackPolicy.parse(hosts)
     return WorkerLimits(**given)
 
 
@@ -125,6 +130,7 @@ class TcpCluster:
         self._progress = trio.Event()  # set, then replaced, whenever a process reports
         self._black_hole: str | None = None
         self._held: dict[int, RawConnection] = {}
+        self._reused: collections.Counter[int] = collections.Counter()  # streams per worker
         self._handles = itertools.count(1)
         self.transport = portal.call(self._open_dispatch)
 
@@ -145,6 +151,7 @@ class TcpCluster:
         self, worker_id: int, worker: ScriptedWorker, limits: WorkerLimits | None = None
     ) -> str:
         server = DrillWorkerServer(limits=limits)
+        _count_reuse(server.response_pool, self._reused, worker_id)
         await self._portal.nursery.start(server.run)
         self._servers[worker_id] = server
         return server.serve(f"{ENDPOINT}/{worker_id:x}", worker)
@@ -270,6 +277,11 @@ class TcpCluster:
     def worker_path(self, worker_id: int) -> str:
         return f"{ENDPOINT}/{worker_id:x}"
 
+    def reused_streams(self, worker_id: int) -> int:
+        if worker_id in self._processes:
+            raise NotImplementedError("a worker process keeps its response pool to itself")
+        return self._reused[worker_id]
+
     async def black_hole(self) -> str:
         if self._black_hole is None:
             self._black_hole = await self._portal.nursery.start(serve_black_hole)
@@ -279,6 +291,20 @@ class TcpCluster:
         if worker_id in self._processes:
             return self._processes[worker_id].port
         return self._servers[worker_id].port
+
+
+def _count_reuse(pool: ResponsePool, counts: collections.Counter[int], worker_id: int) -> None:
+    """Count the streams the worker writes on a connection a caller released to it: those
+    for which its pool hands out a kept connection (``WorkerServer._respond_with``)."""
+    take = pool.take
+
+    def counted(address: str) -> FramedConnection | None:
+        kept = take(address)
+        if kept is not None:
+            counts[worker_id] += 1
+        return kept
+
+    pool.take = counted  # type: ignore[method-assign]
 
 
 def tcp_cluster(portal: TrioPortal) -> Cluster:

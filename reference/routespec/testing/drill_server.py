@@ -1,5 +1,5 @@
 """A worker server that breaks the response-stream protocol on request, for the suite's
-wire checks (TRN-008, TRN-009, TRN-010, TRN-014) and for drilling other runtimes' callers.
+wire checks (TRN-007 … TRN-010, TRN-012, TRN-014) and for drilling other runtimes' callers.
 
 It also goes silent at any stage of the wire exchange a ``Silent`` script names (the
 caller-side deadlines' checks, spec: TMO): after reading a request without ACKing it, after
@@ -8,11 +8,20 @@ the ACK without dialling back, and after the handshake without the prologue.
 
 from __future__ import annotations
 
+import json
+import socket
+import struct
+
 import trio
 
 from routespec.routing.streaming import Request, WorkerHandler
-from routespec.testing.scripted import ScriptedWorker, WireFaultMarker
-from routespec.testing.target import Misbehave, Silent, SilentStage, WireFault
+from routespec.testing.scripted import (
+    ErrorItemMarker,
+    FrameMarker,
+    ScriptedWorker,
+    WireFaultMarker,
+)
+from routespec.testing.target import Misbehave, Silent, SilentStage, WireFault, WritePrologue
 from routespec.transport.codecs import PayloadCodec, encode_json
 from routespec.transport.connection import (
     CONNECTION_ERRORS,
@@ -22,16 +31,25 @@ from routespec.transport.connection import (
 )
 from routespec.transport.control import ControlMessage, parse_control
 from routespec.transport.frame_writer import FrameWriter
-from routespec.transport.frames import TwoPart, WireProtocolError, decode_two_part
+from routespec.transport.frames import (
+    TWO_PART_PREFIX,
+    TwoPart,
+    WireProtocolError,
+    decode_two_part,
+)
 from routespec.transport.response_pool import ResponsePool
 from routespec.transport.worker_server import (
     PROLOGUE_OK,
+    SENTINEL_FRAME,
     WorkerServer,
+    _await_release,
+    _dial,
     data_frame,
     final_frame,
 )
 
 GARBLED = b"\xc1"  # a byte msgpack never uses
+RESET_AFTER = 0.1  # seconds (of the target's clock) before a reset or a late sentinel
 
 
 def silent_at(handler: WorkerHandler | None, stage: SilentStage) -> ScriptedWorker | None:
@@ -74,7 +92,31 @@ class DrillWorkerServer(WorkerServer):
         if worker is not None and control.request_stream is None and failure is None:
             await self._handshake_then_silence(control, worker, request)
             return
+        if (
+            isinstance(handler, ScriptedWorker)
+            and isinstance(script, WritePrologue)
+            and control.request_stream is None
+            and failure is None
+        ):
+            await self._write_prologue(control, handler, request, script.prologue)
+            return
         await super()._respond(control, handler, request, failure, pool)
+
+    async def _write_prologue(
+        self, control: ControlMessage, worker: ScriptedWorker, request: Request, prologue: str
+    ) -> None:
+        """Dial back with the prologue ``prologue`` verbatim, then the script's items."""
+        try:
+            header = TwoPart(header=prologue.encode()).encode()
+            async with _dial(control.response, "response", header, self.budget) as connection:
+                items = await worker.start(request)
+                try:
+                    await self.send_items(connection, control.payload_codec, items)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await items.aclose()
+        except* (OSError, *CONNECTION_ERRORS):
+            pass  # the caller the prologue failed closed the stream
 
     async def _handshake_then_silence(
         self, control: ControlMessage, worker: ScriptedWorker, request: Request
@@ -98,6 +140,15 @@ class DrillWorkerServer(WorkerServer):
             pass  # the caller gave up on the stream and closed it
 
     async def send_item(self, out: FrameWriter, codec: PayloadCodec, item: object) -> bool:
+        if isinstance(item, ErrorItemMarker):  # verbatim, as another runtime wrote it
+            await out.write(data_frame(codec, {"event": "error", "error": json.loads(item.error)}))
+            return True
+        if isinstance(item, FrameMarker):  # verbatim, whatever it breaks
+            frame = item.frame
+            body = b"" if frame.body is None else codec.encode(json.loads(frame.body))
+            length = len(frame.header) if frame.header_length is None else frame.header_length
+            await out.write(TWO_PART_PREFIX.pack(length, len(body), 0) + frame.header + body)
+            return True
         if not isinstance(item, WireFaultMarker):
             return await super().send_item(out, codec, item)
         if item.fault is WireFault.EMPTY_FRAME:
@@ -106,7 +157,22 @@ class DrillWorkerServer(WorkerServer):
             await out.write(TwoPart(body=GARBLED).encode())
         elif item.fault is WireFault.FRAME_AFTER_FINAL:
             await out.write(final_frame(codec) + data_frame(codec, {"data": "late"}))
-        return item.fault is not WireFault.EOF_BEFORE_FINAL
+        elif item.fault is WireFault.LATE_SENTINEL:
+            await out.write(final_frame(codec))
+            await out.flush()
+            await trio.sleep(RESET_AFTER)  # the caller reads complete_final alone
+            await out.write(SENTINEL_FRAME)
+            await out.flush()
+            # The stream ends here; the connection is kept if the caller releases it.
+            await _await_release(out._connection, self.response_pool)
+            return False
+        elif item.fault is WireFault.RESET_BEFORE_FINAL:
+            await out.flush()
+            await trio.sleep(RESET_AFTER)  # the caller reads the items first
+            stream = out._connection.stream  # the writer keeps no other handle on it
+            if isinstance(stream, trio.SocketStream):  # closed with linger 0: a reset
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return item.fault not in (WireFault.EOF_BEFORE_FINAL, WireFault.RESET_BEFORE_FINAL)
 
 
 async def serve_black_hole(*, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:

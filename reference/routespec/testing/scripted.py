@@ -25,6 +25,8 @@ from routespec.testing.target import (
     Trickle,
     WireFault,
     WorkerScript,
+    WriteErrorItem,
+    WriteFrame,
 )
 
 PREPARED_FOR = "prepared-for"
@@ -43,6 +45,21 @@ class WireFaultMarker:
     """Yielded in place of an item: a drill server commits ``fault`` on the wire here."""
 
     fault: WireFault
+
+
+@attrs.frozen
+class ErrorItemMarker:
+    """Yielded in place of an item: a drill server writes an error item whose ``error`` is
+    the JSON text ``error`` here (``WriteErrorItem``)."""
+
+    error: str
+
+
+@attrs.frozen
+class FrameMarker:
+    """Yielded in place of an item: a drill server writes ``WriteFrame``'s frame here."""
+
+    frame: WriteFrame
 
 
 @attrs.define
@@ -128,6 +145,10 @@ class ScriptedWorker:
             raise build_error(script.error)
         if isinstance(script, Misbehave):
             yield WireFaultMarker(script.fault)
+        if isinstance(script, WriteErrorItem):
+            yield ErrorItemMarker(script.error)
+        if isinstance(script, WriteFrame):
+            yield FrameMarker(script)
         if isinstance(script, Stall):
             await self._stall(request_id, release)
             for index in range(first, total):

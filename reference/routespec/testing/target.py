@@ -73,6 +73,10 @@ class Capability(enum.Enum):
     RESPONSE_REUSE = "transport:response-reuse"
     """Raw requests to a worker's served path (``Target.worker_path``), for the checks of
     the reference's response-connection reuse (spec: TRN-028, TRN-029)."""
+    PACED_READS = "caller:paced-reads"
+    """The caller of a request reads its items only when the check says so
+    (``Target.pace_reads``, ``Target.read``): a rule about what the caller sees when it takes
+    an item, or what a stop between two reads does, is observed at that moment."""
     CHECK_LOAD_THRESHOLDS = "config:check-load-thresholds"
     """Construction-time validation of busy thresholds (``Target.check_load_thresholds``,
     spec: SET-006)."""
@@ -153,6 +157,8 @@ class WireFault(enum.Enum):
     EMPTY_FRAME = "empty-frame"
     GARBLED_FRAME = "garbled-frame"
     NO_CALL_HOME = "no-call-home"  # ACK the request, never open its response stream
+    RESET_BEFORE_FINAL = "reset-before-final"  # the items read, the connection reset (RST)
+    LATE_SENTINEL = "late-sentinel"  # complete_final, then the sentinel 0.1 s later
 
 
 @attrs.frozen
@@ -161,6 +167,42 @@ class Misbehave:
 
     items: int
     fault: WireFault
+
+
+@attrs.frozen
+class WriteErrorItem:
+    """Yield ``items`` data items, then write one error item whose ``error`` is the JSON text
+    ``error``, verbatim, then end the stream: an error as another runtime may write it, in a
+    shape the target's own workers need not write (wire targets only,
+    Capability.SCRIPT_WIRE_FAULTS)."""
+
+    items: int
+    error: str
+
+
+@attrs.frozen
+class WriteFrame:
+    """Yield ``items`` data items, then write one two-part frame whose header is the bytes
+    ``header`` and whose body is the JSON text ``body`` in the stream's payload codec (None:
+    no body), its prefix declaring ``header_length`` (None: the header's true length) as the
+    header's length, then end the stream as ``Serve`` does: a frame another runtime may write,
+    or bytes no frame should be (wire targets only, Capability.SCRIPT_WIRE_FAULTS)."""
+
+    items: int
+    header: bytes = b""
+    body: str | None = None
+    header_length: int | None = None
+
+
+@attrs.frozen
+class WritePrologue:
+    """Answer with a prologue whose header is the JSON text ``prologue``, verbatim — as
+    another runtime may write it, such as Dynamo 1.6.1's ``{"error": "…"}`` without a typed
+    error — then ``items`` data items and the end of the stream as ``Serve`` does (a caller
+    the prologue failed ignores them) (wire targets only, Capability.SCRIPT_WIRE_FAULTS)."""
+
+    prologue: str
+    items: int = 1
 
 
 @attrs.frozen
@@ -235,6 +277,9 @@ WorkerScript = (
     | Stall
     | Reject
     | Misbehave
+    | WriteErrorItem
+    | WriteFrame
+    | WritePrologue
     | CancelThenFail
     | TerminalThen
     | TerminalFlood
@@ -429,11 +474,14 @@ class Timeouts:
 class WorkerBounds:
     """What peers may hold of a worker (spec: TRN-024 … TRN-026): request-plane connections
     at once, seconds a connection may stay silent, request bytes buffered over all its
-    connections; ``None`` keeps the implementation's own default (Capability.WORKER_LIMITS)."""
+    connections, and the hosts it dials back to (TRN-027: ``peer``, ``any``, IP addresses or
+    networks, comma-separated, as ``routespec worker --dial-back-hosts`` takes them); ``None``
+    keeps the implementation's own default (Capability.WORKER_LIMITS)."""
 
     max_connections: int | None = None
     idle_timeout: float | None = None
     max_buffered_bytes: int | None = None
+    dial_back_hosts: str | None = None
 
 
 @attrs.frozen
@@ -652,6 +700,12 @@ class DiscoveryTarget(Protocol):
         ``endpoint``'s key, and never renews it."""
         ...
 
+    def put_raw_key(self, key: str, value: bytes) -> None:
+        """Another process stores ``value`` under ``key``, any key of Dynamo's key space
+        (``v1/instances/<ns>/<comp>/<endpoint>/<anything>``, not only an instance's hex id),
+        and never renews it."""
+        ...
+
     def lose_records(self) -> None:
         """The store loses every record (wiped, or restarted without its data) while the
         registered processes keep running."""
@@ -686,6 +740,16 @@ class DiscoveryTarget(Protocol):
     def refusal(self, address: str, ttl: float) -> str | None:
         """Open the store ``address`` names with liveness period ``ttl`` and check that it can
         be used: the argument its typed refusal names (``--discovery``, ``--ttl``), or None."""
+        ...
+
+    def reopen(
+        self, *, ttl: float | None = None, environment: Mapping[str, str] | None = None
+    ) -> DiscoveryTarget:
+        """Another store, opened as a worker process opens one: with ``--ttl ttl`` (None: no
+        ``--ttl``, the implementation's default), and ``--discovery`` naming a new empty store,
+        or, when ``environment`` is given, no ``--discovery`` and, of the environment variables
+        that choose a store (``DYN_FILE_KV``, ``TMPDIR``), just ``environment``'s; that store
+        may hold other processes' records. Its instances take the implementation's own ids."""
         ...
 
 
@@ -743,6 +807,17 @@ class Target(Protocol):
         ``guarded`` gives it a first-response guard (Capability.FIRST_RESPONSE_GUARD)."""
         ...
 
+    def pace_reads(self, paced: bool) -> None:
+        """Requests started from now on (``submit``, ``RoutingHostTarget.route``) are read
+        only as far as ``read`` allows: their caller holds off each read, the worker's items
+        waiting for it (Capability.PACED_READS)."""
+        ...
+
+    def read(self, request_id: str, items: int = 1) -> None:
+        """The caller of a paced request reads ``items`` more times (an item, the end or an
+        error each); returns once the system has settled."""
+        ...
+
     def outcome(self, request_id: str) -> Outcome | None:
         """The request's outcome, or None while its stream is still open."""
         ...
@@ -775,6 +850,11 @@ class Target(Protocol):
     def worker_path(self, worker_id: int) -> str:
         """The endpoint path the worker serves on its request plane, as a raw request names
         it (Capability.RESPONSE_REUSE)."""
+        ...
+
+    def reused_streams(self, worker_id: int) -> int:
+        """Response streams the worker has written so far on a connection a caller released
+        to it, rather than on one dialled for them (Capability.RESPONSE_REUSE)."""
         ...
 
     # raw connections held open to a worker (Capability.WORKER_LIMITS)

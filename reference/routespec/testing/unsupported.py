@@ -36,6 +36,12 @@ class Unsupported:
     def vanish_worker(self, worker_id: int) -> None:
         _lacks(Capability.VANISH_WORKER)
 
+    def pace_reads(self, paced: bool) -> None:
+        _lacks(Capability.PACED_READS)
+
+    def read(self, request_id: str, items: int = 1) -> None:
+        _lacks(Capability.PACED_READS)
+
     def set_device(self, worker_id: int, device: str) -> None:
         _lacks(Capability.DEVICE_TYPES)
 
@@ -85,6 +91,9 @@ class Unsupported:
         _lacks(Capability.WIRE_TRANSPORT)
 
     def worker_path(self, worker_id: int) -> str:
+        _lacks(Capability.RESPONSE_REUSE)
+
+    def reused_streams(self, worker_id: int) -> int:
         _lacks(Capability.RESPONSE_REUSE)
 
     def add_bounded_worker(self, bounds: WorkerBounds) -> int:
