@@ -48,7 +48,6 @@ import attrs
 from routespec.adapters.dynamo.expectations import load_expectations
 from routespec.discovery.file_store import (
     INSTANCES_BUCKET,
-    instance_key,
     instances_dir,
     write_atomic,
 )
@@ -112,6 +111,11 @@ SKIP_WARNING = re.compile(
 """How a 1.6.1 watcher reports a record it skips: one WARN line on its stderr (the bindings
 have no other channel), e.g. ``Failed to parse discovery instance from watch event
 key=v1/instances/dsc/backend/generate/bad error=expected value at line 1 column 1``."""
+ENDPOINT_REFUSAL = "ValueError: Invalid endpoint path"
+"""How 1.6.1 refuses a worker's endpoint that is not three names: ``runtime.endpoint(path)``
+raises ``ValueError: Invalid endpoint path 'dsc.backend'. Expected format:
+'namespace.component.endpoint' or 'dyn://namespace.component.endpoint'`` (a typed refusal of
+its one argument, the endpoint)."""
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the runtime colours its log whatever NO_COLOR says
 
 
@@ -136,13 +140,35 @@ def dynamo_file_name(key: str) -> str:
     )
 
 
+STORE_VARIABLES = ("DYN_FILE_KV", "TMPDIR")  # what chooses 1.6.1's file store
+
+
+def default_store(environment: Mapping[str, str]) -> Path:
+    """Where 1.6.1 keeps its file store: ``$DYN_FILE_KV``, else Rust's ``temp_dir()`` (``$TMPDIR``,
+    else ``/tmp``) ``/dynamo_store_kv`` (lib/runtime/src/storage/kv/file.rs)."""
+    if "DYN_FILE_KV" in environment:
+        return Path(environment["DYN_FILE_KV"])
+    return Path(environment.get("TMPDIR", "/tmp")) / "dynamo_store_kv"
+
+
 class Child:
     """A process of this module speaking JSON lines; a thread queues what it prints."""
 
     def __init__(
-        self, role: str, endpoint: str, root: Path, env: Mapping[str, str] | None = None
+        self,
+        role: str,
+        endpoint: str,
+        root: Path,
+        env: Mapping[str, str] | None = None,
+        store: Mapping[str, str] | None = None,
     ) -> None:
-        env = {**os.environ, **LOOPBACK, "DYN_FILE_KV": str(root), **(env or {})}
+        """Its log goes to ``root/logs``; its store is ``root`` (``DYN_FILE_KV``), or the one
+        ``store``, its only store variables, chooses."""
+        inherited = {
+            k: v for k, v in os.environ.items() if store is None or k not in STORE_VARIABLES
+        }
+        store = {"DYN_FILE_KV": str(root)} if store is None else store
+        env = {**inherited, **LOOPBACK, **store, **(env or {})}
         self.log = root / "logs" / f"{role}-{time.monotonic_ns()}.log"
         self.log.parent.mkdir(exist_ok=True)
         with open(self.log, "wb") as log:
@@ -201,11 +227,15 @@ class Child:
 
 
 def start(
-    role: str, endpoint: str, root: Path, env: Mapping[str, str] | None = None
+    role: str,
+    endpoint: str,
+    root: Path,
+    env: Mapping[str, str] | None = None,
+    store: Mapping[str, str] | None = None,
 ) -> tuple[Child, dict[str, Any]]:
     """Start a child; a start refused for lack of inotify instances or files is retried."""
     for attempt in range(5):
-        child = Child(role, endpoint, root, env)
+        child = Child(role, endpoint, root, env, store)
         try:
             return child, child.expect("ready")
         except RuntimeError:
@@ -238,8 +268,12 @@ class Watcher:
 class DynamoDiscovery:
     """One file store of real Dynamo processes; ``close`` stops every one of them."""
 
-    def __init__(self) -> None:
-        self._root = Path(tempfile.mkdtemp(prefix="routespec-dynamo-discovery-"))
+    def __init__(self, environment: Mapping[str, str] | None = None) -> None:
+        """A store in a new temporary directory, or the default one ``environment`` chooses."""
+        self._root = Path(tempfile.mkdtemp(prefix="routespec-dynamo-discovery-"))  # and logs
+        self._environment = environment
+        self._store = self._root if environment is None else default_store(environment)
+        self._reopened: list[DynamoDiscovery] = []
         self._workers: dict[int, Child] = {}
         self._endpoints: dict[int, str] = {}  # every id registered or put, by its endpoint
         self._watchers: list[Watcher] = []
@@ -252,10 +286,12 @@ class DynamoDiscovery:
             watcher.child.kill()
         for worker in workers:
             worker.close()
+        for store in self._reopened:
+            store.close()
         shutil.rmtree(self._root, ignore_errors=True)
 
     def address(self) -> str:
-        return f"file:{self._root}"
+        return f"file:{self._store}"
 
     def timing(self) -> DiscoveryTiming:
         return DiscoveryTiming(TTL, RENEWAL, PROPAGATION)
@@ -265,7 +301,7 @@ class DynamoDiscovery:
     def register(self, endpoint: str, *, device: str = "cuda") -> int:
         if device not in DEVICES:
             unreachable(NO_DEVICE_NAME.format(device=device))
-        child, ready = start("worker", endpoint, self._root, DEVICES[device])
+        child, ready = start("worker", endpoint, self._root, DEVICES[device], self._environment)
         instance_id = int(ready["instance_id"])
         self._workers[instance_id] = child
         self._endpoints[instance_id] = endpoint
@@ -281,9 +317,11 @@ class DynamoDiscovery:
     ) -> str | None:
         if device not in DEVICES or host != "127.0.0.1":
             unreachable(NO_REGISTRATION_REFUSAL)
-        try:  # only the endpoint is left to refuse; 1.6.1 has no typed refusal to name it
+        try:  # only the endpoint is left to refuse
             self.register(endpoint, device=device)
         except RuntimeError as refused:
+            if ENDPOINT_REFUSAL in str(refused):
+                return "--endpoint"  # runtime.endpoint(path) refused its one argument
             return f"not an option: {refused}"
         return None
 
@@ -299,15 +337,21 @@ class DynamoDiscovery:
         self._endpoints[instance_id] = endpoint
         write_atomic(self._path(instance_id), value)  # via a ".tmp_" file, which Dynamo ignores
 
+    def put_raw_key(self, key: str, value: bytes) -> None:
+        name = dynamo_file_name(key.removeprefix(f"{INSTANCES_BUCKET}/"))
+        write_atomic(instances_dir(self._store) / name, value)
+
     def lose_records(self) -> None:
-        for entry in instances_dir(self._root).iterdir():
+        for entry in instances_dir(self._store).iterdir():
             if entry.is_file() and not entry.name.startswith("."):
                 entry.unlink(missing_ok=True)
 
     # watchers
 
     def watch(self, endpoint: str) -> int:
-        child, _ready = start("watcher", endpoint, self._root, {"DYN_LOG": "warn"})
+        child, _ready = start(
+            "watcher", endpoint, self._root, {"DYN_LOG": "warn"}, self._environment
+        )
         watcher = Watcher(child)
         self._watchers.append(watcher)
         watcher.sample()
@@ -343,9 +387,8 @@ class DynamoDiscovery:
         return StoredRecord(f"{INSTANCES_BUCKET}/{urllib.parse.unquote(path.name)}", value)
 
     def _path(self, instance_id: int) -> Path:
-        return instances_dir(self._root) / dynamo_file_name(
-            instance_key(self._endpoints[instance_id], instance_id)
-        )
+        names = dynamo_path(self._endpoints[instance_id]).split(".")  # even a malformed one's
+        return instances_dir(self._store) / dynamo_file_name("/".join((*names, f"{instance_id:x}")))
 
     def advance(self, seconds: float) -> None:
         """Real time: the processes' own threads renew, expire and notify meanwhile."""
@@ -360,6 +403,15 @@ class DynamoDiscovery:
 
     def refusal(self, address: str, ttl: float) -> str | None:
         unreachable(NO_STORE_ARGUMENTS)
+
+    def reopen(
+        self, *, ttl: float | None = None, environment: Mapping[str, str] | None = None
+    ) -> DynamoDiscovery:
+        if ttl is not None:
+            unreachable(NO_STORE_ARGUMENTS)
+        store = DynamoDiscovery(environment)
+        self._reopened.append(store)
+        return store
 
 
 class DiscoveryOnlyTarget(Unsupported):

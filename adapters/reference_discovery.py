@@ -25,6 +25,8 @@ does not move during the call, so no watcher polls in between.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import itertools
 import os
 import random
@@ -32,18 +34,20 @@ import shutil
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import attrs
 import trio
 
+from routespec.deploy.cli.main import endpoint as parse_endpoint
 from routespec.discovery.file_store import (
-    DEFAULT_TTL,
     INSTANCES_BUCKET,
     MIN_KEEP_ALIVE,
+    ROOT_ENV,
     FileStore,
     instances_dir,
+    random_instance_id,
     record_path,
     transport_path,
     write_atomic,
@@ -56,6 +60,30 @@ from routespec.testing.target import DiscoveryTiming, ListedInstance, StoredReco
 
 POLL_INTERVAL = 0.2  # the file store's default: how often a watcher rescans the directory
 FIRST_PORT = 40_000  # the (unserved) port of the first instance's address
+STORE_VARIABLES = (ROOT_ENV, "TMPDIR")  # the environment that chooses the default store
+
+
+@contextlib.contextmanager
+def store_environment(environment: Mapping[str, str] | None) -> Iterator[None]:
+    """Of ``STORE_VARIABLES``, just ``environment``'s are set meanwhile (None: no change), as
+    in a worker process started with that environment."""
+    if environment is None:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in STORE_VARIABLES}
+    try:
+        for name in STORE_VARIABLES:
+            if name in environment:
+                os.environ[name] = environment[name]
+            else:
+                os.environ.pop(name, None)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @attrs.define
@@ -89,17 +117,31 @@ class Watcher:
 class ReferenceDiscovery:
     """The file store of one target; every call settles inside the target's portal."""
 
-    def __init__(self, portal: TrioPortal, seed: int, ttl: float = DEFAULT_TTL) -> None:
+    def __init__(
+        self,
+        portal: TrioPortal,
+        seed: int,
+        ttl: float | None = None,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        """A store in a new temporary directory, or, given ``environment``, the default
+        store that environment chooses; ``ttl`` None is the implementation's default."""
         self._portal = portal
+        self._seed = seed
         self._ids = random.Random(seed)
+        self._own_ids = environment is not None  # the implementation's ids: a shared store
         self._ports = itertools.count(FIRST_PORT)
         self._workers: dict[int, WorkerProcess] = {}
         self._endpoints: dict[int, str] = {}  # every id registered or put, by its endpoint
         self._watchers: list[Watcher] = []
         self._aged_at = time.monotonic()  # when records were last aged (real time)
         self._root, self._nursery = portal.call(self._open)
-        opened = open_store(self.address(), ttl)  # as a worker's --discovery opens it
-        assert isinstance(opened, FileStore), f"{self.address()} opened {opened!r}"
+        ttl_argument = () if ttl is None else (ttl,)  # --ttl, or none
+        with store_environment(environment):  # as a worker's --discovery (or none) opens it
+            spec = None if environment is not None else self.address()
+            opened = open_store(spec, *ttl_argument)
+        assert isinstance(opened, FileStore), f"{spec} opened {opened!r}"
+        self._root = opened.root
         self._store = attrs.evolve(opened, poll_interval=POLL_INTERVAL)
         portal.call(self._store.check)
 
@@ -141,6 +183,10 @@ class ReferenceDiscovery:
     def register_refusal(
         self, endpoint: str, *, device: str = "cuda", host: str = "127.0.0.1"
     ) -> str | None:
+        try:  # as `routespec worker --endpoint` parses it
+            parse_endpoint(endpoint)
+        except argparse.ArgumentTypeError:
+            return "--endpoint"
         instance_id = self._fresh_id()
         address = f"{host}:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
         worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
@@ -157,6 +203,8 @@ class ReferenceDiscovery:
         return self._portal.call(start)
 
     def _fresh_id(self) -> int:
+        if self._own_ids:
+            return random_instance_id()
         while (instance_id := self._ids.getrandbits(64)) in self._endpoints:
             pass
         return instance_id
@@ -197,6 +245,10 @@ class ReferenceDiscovery:
     def put_raw(self, endpoint: str, instance_id: int, value: bytes) -> None:
         self._endpoints[instance_id] = endpoint
         self._portal.call_sync(lambda: write_atomic(self._path(instance_id), value))
+
+    def put_raw_key(self, key: str, value: bytes) -> None:
+        name = urllib.parse.quote(key.removeprefix(f"{INSTANCES_BUCKET}/"), safe="")
+        self._portal.call_sync(lambda: write_atomic(instances_dir(self._root) / name, value))
 
     def lose_records(self) -> None:
         self._portal.call_sync(lambda: shutil.rmtree(instances_dir(self._root), ignore_errors=True))
@@ -290,3 +342,8 @@ class ReferenceDiscovery:
             return None
 
         return self._portal.call(attempt)
+
+    def reopen(
+        self, *, ttl: float | None = None, environment: Mapping[str, str] | None = None
+    ) -> ReferenceDiscovery:
+        return ReferenceDiscovery(self._portal, self._seed + 1, ttl, environment)

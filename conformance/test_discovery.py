@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import threading
+import time
+import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +48,7 @@ DYNAMO_RECORD = (
     b'"device_type":"cuda","request_plane_codec":"msgpack"}'
 )
 """A record exactly as a Dynamo 1.6.1 worker wrote it to its file store."""
+DEFAULT_TTL = 10.0  # the liveness period of a store opened with no --ttl (Dynamo's)
 
 
 def ids(store: DiscoveryTarget, watcher: int) -> set[int]:
@@ -83,9 +89,11 @@ def test_a_registration_reaches_its_endpoints_watchers(target: Target) -> None:
         )
 
 
-@covers("DSC-002")
+@covers("DSC-002", "DSC-014")
 @requires(STORE)
 def test_a_watcher_lists_only_its_own_endpoint(target: Target) -> None:
+    """Nor does it report the other endpoints' records as skipped: they are usable records,
+    just not its own (DSC-014: a usable record is never reported)."""
     store = target.open_discovery()
     endpoints = (ENDPOINT, SIBLING, ELSEWHERE)
     before = {endpoint: store.register(endpoint) for endpoint in endpoints}
@@ -99,6 +107,13 @@ def test_a_watcher_lists_only_its_own_endpoint(target: Target) -> None:
             {before[endpoint], after[endpoint]},
             f"the watcher of {endpoint} lists {sorted(ids(store, watcher))}; its endpoint's "
             f"instances are {before[endpoint]}, {after[endpoint]} (all: {before}, {after})",
+        )
+        require_equal(
+            "DSC-014",
+            store.skipped(watcher),
+            (),
+            f"the watcher of {endpoint} reported skipping records (all of them usable, of "
+            f"its own endpoint or another)",
         )
 
 
@@ -117,6 +132,36 @@ def test_a_watcher_starts_from_what_is_registered(target: Target) -> None:
         f"a watcher started after {first} and {second} registered first lists "
         f"{sorted(ids(store, watcher))}",
     )
+
+
+@covers("DSC-017")
+@requires(STORE)
+def test_an_endpoint_spelled_as_dynamo_spells_it_is_the_same_endpoint(target: Target) -> None:
+    """``dsc.backend.generate`` (Dynamo's spelling, and the command line's) is the endpoint
+    ``dsc/backend/generate``: a worker registered under either spelling is stored under the
+    key of the three names and listed by the watchers of both."""
+    dotted = ENDPOINT.replace("/", ".")
+    store = target.open_discovery()
+    watchers = {ENDPOINT: store.watch(ENDPOINT), dotted: store.watch(dotted)}
+    workers = {ENDPOINT: store.register(ENDPOINT), dotted: store.register(dotted)}
+    store.advance(store.timing().propagation)
+    for spelling, worker in workers.items():
+        record = store.record(worker)
+        key = f"v1/instances/{ENDPOINT}/{worker:x}"
+        require(
+            "DSC-017",
+            record is not None and record.key == key,
+            f"a worker registered as {spelling!r} is stored under "
+            f"{None if record is None else record.key!r}; expected {key!r}",
+        )
+    for spelling, watcher in watchers.items():
+        require_equal(
+            "DSC-017",
+            ids(store, watcher),
+            set(workers.values()),
+            f"the watcher of {spelling!r} lists {sorted(map(hex, ids(store, watcher)))}; "
+            f"expected the workers registered as {ENDPOINT!r} and {dotted!r}: {workers}",
+        )
 
 
 # --- DSC-004 to DSC-006: withdrawal, renewal, liveness ---
@@ -223,6 +268,102 @@ def test_a_killed_process_lapses_after_ttl_not_before(target: Target, renewed: b
     )
 
 
+@covers("DSC-005", "DSC-006")
+@requires(STORE)
+@pytest.mark.parametrize(
+    ("store_named", "ttl"),
+    [(True, None), (True, 3.0), (True, 30.0), (False, 3.0)],
+    ids=["no-ttl", "ttl-3", "ttl-30", "default-store-ttl-3"],
+)
+def test_a_store_keeps_the_liveness_period_it_is_opened_with(
+    target: Target, tmp_path: Path, store_named: bool, ttl: float | None
+) -> None:
+    """``ttl`` is the one the store is opened with (``--ttl``), 10 s without one, whether
+    ``--discovery`` names the store or the default one is used: a killed process's record
+    lapses after it, not before, and a running one, renewed every ``ttl / 3``, never does."""
+    opened = target.open_discovery()
+    environment = None if store_named else {"DYN_FILE_KV": str(tmp_path)}
+    store = opened.reopen(ttl=ttl, environment=environment)
+    period = DEFAULT_TTL if ttl is None else ttl
+    delay = store.timing().propagation
+    watcher = store.watch(ENDPOINT)
+    running = store.register(ENDPOINT)
+    killed = store.register(ENDPOINT)
+    store.advance(delay)
+    store.lapse(killed)  # its last renewal is its registration, at most `delay` before
+    store.advance(period - 2 * delay)
+    require(
+        "DSC-006",
+        ids(store, watcher) == {running, killed},
+        f"{period - 2 * delay} s after {killed:x} was killed, less than ttl ({period} s) after "
+        f"its registration, the watcher lists {sorted(map(hex, ids(store, watcher)))}; "
+        f"expected {running:x} and {killed:x}",
+    )
+    store.advance(3 * delay)
+    require_equal(
+        "DSC-006",
+        ids(store, watcher),
+        {running},
+        f"ttl ({period} s) + {delay} s after {killed:x} was killed the watcher lists "
+        f"{sorted(map(hex, ids(store, watcher)))}; expected only the running {running:x}",
+    )
+    store.advance(2 * period)
+    require(
+        "DSC-005",
+        ids(store, watcher) == {running} and ("removed", running) not in store.events(watcher),
+        f"{3 * period} s after registering, with ttl {period} s, the running {running:x} is "
+        f"listed {running in ids(store, watcher)}; the watcher reported {store.events(watcher)}",
+    )
+
+
+DEFAULT_STORES = {  # the store variables of a worker's environment -> where its store is
+    "DYN_FILE_KV": ({"DYN_FILE_KV": "{kv}", "TMPDIR": "{tmp}"}, "{kv}"),
+    "TMPDIR": ({"TMPDIR": "{tmp}"}, "{tmp}/dynamo_store_kv"),
+    "neither": ({}, "/tmp/dynamo_store_kv"),
+}
+
+
+@covers("DSC-016", "DSC-007")
+@requires(STORE)
+@pytest.mark.parametrize("variables", list(DEFAULT_STORES))
+def test_a_process_naming_no_store_uses_dynamos_default_one(
+    target: Target, tmp_path: Path, variables: str
+) -> None:
+    """Workers started with no ``--discovery`` keep their records as Dynamo's do: in
+    ``$DYN_FILE_KV``, else ``$TMPDIR/dynamo_store_kv``, else ``/tmp/dynamo_store_kv``,
+    under ``v1/instances/``, each under its own random u64 instance id."""
+    (tmp_path / "tmp").mkdir()
+    places = {"kv": tmp_path / "kv", "tmp": tmp_path / "tmp"}
+    variables_given, where = DEFAULT_STORES[variables]
+    environment = {name: value.format(**places) for name, value in variables_given.items()}
+    directory = Path(where.format(**places)) / "v1" / "instances"
+    store = target.open_discovery().reopen(environment=environment)
+    workers = [store.register(ENDPOINT) for _ in range(4)]
+
+    def keys() -> set[str]:
+        if not directory.is_dir():
+            return set()
+        return {urllib.parse.unquote(entry.name) for entry in directory.iterdir()}
+
+    try:
+        expected = {f"{ENDPOINT}/{worker:x}" for worker in workers}
+        require(
+            "DSC-016",
+            expected <= keys(),
+            f"workers started with {environment or 'neither variable'} and no --discovery "
+            f"should keep their records {sorted(expected)} in {directory}; it holds "
+            f"{sorted(keys())}",
+        )
+        require(
+            "DSC-007",
+            len(set(workers)) == len(workers) and all(0 <= w < 2**64 for w in workers),
+            f"the instance ids of {len(workers)} workers are {workers}: not distinct u64s",
+        )
+    finally:
+        for worker in workers:
+            store.withdraw(worker)
+
+
 # --- DSC-007, DSC-008: records ---
 
 
@@ -309,6 +450,27 @@ def test_a_record_without_a_device_type_is_listed_as_cuda(target: Target) -> Non
     )
 
 
+@covers("DSC-007")
+@requires(STORE)
+def test_a_record_without_a_codec_is_listed(target: Target) -> None:
+    """The record table's default: a record that carries no ``request_plane_codec`` predates
+    msgpack payloads and is ``json``, a codec every caller speaks: it is listed, not skipped."""
+    store = target.open_discovery()
+    without = 0x600D
+    no_codec = json.loads(_record(instance_id=without, transport={"tcp": _address_of(without)}))
+    del no_codec["request_plane_codec"]
+    store.put_raw(ENDPOINT, without, json.dumps(no_codec).encode())
+    watcher = store.watch(ENDPOINT)
+    store.advance(store.timing().propagation)
+    listed = store.listed(watcher)
+    require(
+        "DSC-007",
+        set(listed) == {without} and listed[without].address == _address_of(without),
+        f"a record without request_plane_codec is listed as {listed} (skipped: "
+        f"{store.skipped(watcher)}); expected {without:#x} at {_address_of(without)}",
+    )
+
+
 def _address_of(instance_id: int) -> str:
     return f"127.0.0.1:1/{instance_id:x}/{ENDPOINT}"
 
@@ -340,6 +502,7 @@ MALFORMED: dict[str, bytes] = {
     "no-type": json.dumps({"instance_id": 0xBAD}).encode(),
     "empty-name": _record(namespace=""),
     "slash-in-a-name": _record(component="back/end"),
+    "slash-in-the-last-name": _record(endpoint="generate/more"),  # the key's names first
     "a-name-not-a-string": _record(endpoint=7),
     "id-a-string": _record(instance_id="2989"),
     "id-negative": _record(instance_id=-2989),
@@ -589,6 +752,35 @@ def test_a_file_store_directory_may_hold_a_colon(target: Target) -> None:
     )
 
 
+@covers("DSC-011")
+@requires(STORE)
+@pytest.mark.parametrize("link", ["dangling", "loop", "overlong-target"])
+def test_a_file_store_directory_that_leads_nowhere_is_refused(
+    target: Target, tmp_path: Path, link: str
+) -> None:
+    """A ``file:DIR`` whose DIR is a symbolic link to nothing, to itself, or to a name the
+    system cannot resolve (a 300-byte file name) is no directory: it is refused at once,
+    naming ``--discovery``, not at the first registration."""
+    store = target.open_discovery()
+    if not store.address().startswith("file:"):
+        pytest.skip(f"the target's store is {store.address()!r}, not a file store")
+    path = tmp_path / "store"
+    leads_to = {
+        "dangling": tmp_path / "gone",
+        "loop": path,
+        "overlong-target": tmp_path / ("x" * 300),
+    }[link]
+    path.symlink_to(leads_to)
+    named = store.refusal(f"file:{path}", 10.0)
+    require_equal(
+        "DSC-011",
+        named,
+        "--discovery",
+        f"opening 'file:{path}' ({link}: a link to {str(leads_to)[:60]!r}) named {named!r}; "
+        "expected a refusal naming --discovery",
+    )
+
+
 # --- DSC-012: reports and lists ---
 
 
@@ -676,6 +868,10 @@ UNUSABLE: dict[str, tuple[bytes, str]] = {
         "transport.tcp",
     ),
     "name-not-utf-8": (_record(namespace="\ud800"), "namespace"),
+    "address-not-utf-8": (
+        _record(transport={"tcp": f"127.0.0.1:1/bad/{ENDPOINT}\udc80"}),
+        "transport.tcp",
+    ),
     "id-over-a-u64": (_record(instance_id=2**64), "instance_id"),
     "device-type-not-a-name": (_record(device_type="gp u"), "device_type"),
     "device-type-empty": (_record(device_type=""), "device_type"),
@@ -707,6 +903,7 @@ MALFORMED_FIELDS = {
     "no-type": "type",
     "empty-name": "namespace",
     "slash-in-a-name": "component",
+    "slash-in-the-last-name": "endpoint",
     "a-name-not-a-string": "endpoint",
     "id-a-string": "instance_id",
     "id-negative": "instance_id",
@@ -823,6 +1020,76 @@ def test_a_skipped_record_is_reported_once_naming_it_and_the_field(
         )
 
 
+@covers("DSC-008", "DSC-014")
+@requires(STORE)
+@pytest.mark.parametrize("value", [False, True], ids=["false", "true"])
+def test_a_boolean_id_is_malformed_even_under_the_key_it_equals(
+    target: Target, value: bool
+) -> None:
+    """JSON's ``true`` and ``false`` are not the integers 1 and 0: a record whose
+    ``instance_id`` is a boolean is malformed under any key, ``.../1`` and ``.../0`` too."""
+    instance_id = int(value)
+    key = f"v1/instances/{ENDPOINT}/{instance_id:x}"
+    store = target.open_discovery()
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))
+    store.put_raw(
+        ENDPOINT,
+        instance_id,
+        _record(instance_id=value, transport={"tcp": _address_of(instance_id)}),
+    )
+    watcher = store.watch(ENDPOINT)
+    store.advance(3 * store.timing().propagation)
+    require_equal(
+        "DSC-008",
+        ids(store, watcher),
+        {0x600D},
+        f"the watcher lists {sorted(map(hex, ids(store, watcher)))}; expected 0x600d, and not "
+        f"the record under {key} whose instance_id is {json.dumps(value)}",
+    )
+    require_equal(
+        "DSC-014",
+        store.skipped(watcher),
+        ((key, "instance_id"),),
+        f"the watcher reported {store.skipped(watcher)} for the record under {key} whose "
+        f"instance_id is {json.dumps(value)}; expected one report naming 'instance_id'",
+    )
+
+
+NOT_AN_ID = {"not-hex": "xyz", "over-16-digits": "1" * 17, "signed": "-1"}
+
+
+@covers("DSC-013", "DSC-014")
+@requires(STORE)
+@pytest.mark.parametrize("name", list(NOT_AN_ID))
+def test_a_record_under_a_key_without_an_instance_id_is_skipped(target: Target, name: str) -> None:
+    """A usable record stored under a key whose last part is not a hex instance id does not
+    match its key (DSC-013): it is skipped, and reported once naming ``key`` (DSC-014)."""
+    key = f"v1/instances/{ENDPOINT}/{NOT_AN_ID[name]}"
+    store = target.open_discovery()
+    delay = store.timing().propagation
+    early = store.watch(ENDPOINT)
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))
+    store.put_raw_key(key, _record())
+    store.advance(delay)
+    late = store.watch(ENDPOINT)
+    store.advance(3 * delay)  # the store is read again, and the record with it
+    for watcher in (early, late):
+        require_equal(
+            "DSC-013",
+            ids(store, watcher),
+            {0x600D},
+            f"watcher {watcher} lists {sorted(map(hex, ids(store, watcher)))}; expected 0x600d, "
+            f"and not the record under {key} ({name})",
+        )
+        require_equal(
+            "DSC-014",
+            store.skipped(watcher),
+            ((key, "key"),),
+            f"watcher {watcher} reported {store.skipped(watcher)} for the record under {key}; "
+            "expected one report naming the field 'key'",
+        )
+
+
 @covers("DSC-014")
 @requires(STORE)
 def test_a_skipped_record_is_reported_again_only_when_its_fault_changes(
@@ -906,3 +1173,117 @@ def test_a_record_watchers_would_skip_is_never_registered(
             1,
             f"the usable registration of {ENDPOINT} is not listed by its watcher",
         )
+
+
+NOT_AN_ENDPOINT = {
+    "four-names": f"{ENDPOINT}/more",
+    "two-names": "dsc/backend",
+    "an-empty-name": "dsc//generate",
+    "four-dotted-names": f"{ENDPOINT.replace('/', '.')}.more",
+}
+
+
+@covers("DSC-015")
+@requires(STORE)
+@pytest.mark.parametrize("name", list(NOT_AN_ENDPOINT))
+def test_an_endpoint_without_three_names_is_never_registered(target: Target, name: str) -> None:
+    """An endpoint is three non-empty names: a worker asked to serve anything else is refused,
+    naming ``--endpoint``, and no record of it is stored under any endpoint's key (not under
+    its first three names either)."""
+    endpoint = NOT_AN_ENDPOINT[name]
+    store = target.open_discovery()
+    watcher = store.watch(ENDPOINT)
+    named = store.register_refusal(endpoint)
+    require_equal(
+        "DSC-015",
+        named,
+        "--endpoint",
+        f"registering {endpoint!r} ({name}) should be refused naming --endpoint",
+    )
+    store.advance(2 * store.timing().propagation)
+    seen = (store.listed(watcher), store.events(watcher), store.skipped(watcher))
+    require_equal(
+        "DSC-015",
+        seen,
+        ({}, (), ()),
+        f"after the refused registration of {endpoint!r} the watcher of {ENDPOINT} lists, "
+        "reports and skips (listed, events, skipped)",
+    )
+
+
+@covers("DSC-018")
+@requires(STORE)
+def test_entries_of_a_file_store_that_are_not_files_are_not_records(target: Target) -> None:
+    """A FIFO and a directory named with the endpoint's keys: the watcher lists neither and
+    never opens the FIFO (its reader would wait for a writer forever: the check plays that
+    writer to free it, and fails), and goes on listing the records, old and new."""
+    store = target.open_discovery()
+    if not store.address().startswith("file:"):
+        pytest.skip(f"the target's store is {store.address()!r}, not a file store")
+    delay = store.timing().propagation
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))
+    directory = Path(store.address().removeprefix("file:")) / "v1" / "instances"
+    fifo = directory / urllib.parse.quote(f"{ENDPOINT}/f1f0", safe="")
+    os.mkfifo(fifo)
+    (directory / urllib.parse.quote(f"{ENDPOINT}/d1", safe="")).mkdir()
+    opened: list[float] = []  # when a reader was found waiting on the FIFO
+    done = threading.Event()
+
+    def free_readers() -> None:
+        while not done.wait(0.02):
+            try:  # succeeds only while a reader has the FIFO open: it then reads an EOF
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                continue
+            opened.append(time.monotonic())
+
+    freer = threading.Thread(target=free_readers, daemon=True)
+    freer.start()
+    try:
+        watcher = store.watch(ENDPOINT)
+        store.advance(3 * delay)
+        worker = store.register(ENDPOINT)
+        store.advance(delay)
+    finally:
+        done.set()
+        freer.join()
+    require(
+        "DSC-018",
+        not opened,
+        f"the watcher opened the FIFO {fifo.name} as a record {len(opened)} times (freed by "
+        "the check each time); a reader of a FIFO waits for a writer forever",
+    )
+    require_equal(
+        "DSC-018",
+        ids(store, watcher),
+        {0x600D, worker},
+        f"with a FIFO (…/f1f0) and a directory (…/d1) among the records the watcher lists "
+        f"{sorted(map(hex, ids(store, watcher)))}; expected 0x600d and {worker:#x}",
+    )
+
+
+@covers("DSC-018")
+@requires(STORE)
+def test_a_link_in_a_file_store_is_not_a_record(target: Target) -> None:
+    """A symbolic link named with the endpoint's key, to a file holding a usable record of
+    that key, is not a regular file of the store: the watcher does not list it (its liveness
+    would be another file's mtime, and a link makes watchers read any file of the host)."""
+    store = target.open_discovery()
+    if not store.address().startswith("file:"):
+        pytest.skip(f"the target's store is {store.address()!r}, not a file store")
+    delay = store.timing().propagation
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))
+    root = Path(store.address().removeprefix("file:"))
+    elsewhere = root / "elsewhere.json"  # outside v1/instances
+    elsewhere.write_bytes(_record(instance_id=0x5E1F, transport={"tcp": _address_of(0x5E1F)}))
+    link = root / "v1" / "instances" / urllib.parse.quote(f"{ENDPOINT}/5e1f", safe="")
+    link.symlink_to(elsewhere)
+    watcher = store.watch(ENDPOINT)
+    store.advance(3 * delay)
+    require_equal(
+        "DSC-018",
+        ids(store, watcher),
+        {0x600D},
+        f"with a link {link.name} -> {elsewhere.name} (a usable record of 0x5e1f) the watcher "
+        f"lists {sorted(map(hex, ids(store, watcher)))}; expected only 0x600d",
+    )

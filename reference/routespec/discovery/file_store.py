@@ -3,7 +3,10 @@
 Records live at ``<root>/v1/instances/<url-encoded "ns/comp/endpoint/<hex id>">``. A live
 process touches its own files every ``ttl / 3``; any process deletes files whose mtime is older
 than ``ttl`` (10 s), as Dynamo's ``FileStore`` does. Expiry uses wall-clock mtimes because the
-directory is shared between processes. Temporary files start with ``.tmp_`` and are never read.
+directory is shared between processes. Temporary files start with ``.tmp_`` and are never read,
+nor is anything but a regular file (DSC-018). With no store named, the root is Dynamo's
+(``default_root``, DSC-016); an endpoint may be spelled ``ns.comp.endpoint`` (``split_endpoint``,
+DSC-017).
 """
 
 from __future__ import annotations
