@@ -483,6 +483,27 @@ def test_a_healthy_terminal_does_not_end_the_stream(target: Target, finish: str)
 # --- MON-007 ---
 
 
+@covers("MON-007")
+@requires(HOST, Capability.SCRIPT_STALL, Capability.PACED_READS)
+def test_a_stop_between_reads_ends_the_stream_at_the_next_read(target: Target) -> None:
+    """The caller took one item and stopped before reading again: its next read ends the
+    stream, though the worker's next item is already there."""
+    workers(target, 1, Stall(items=2))
+    host = host_of(target, "MON-007", HostConfig())
+    target.pace_reads(True)
+    request = host.route(ROUTE)
+    target.read(request)
+    host.stop(request)
+    target.read(request, 2)
+    outcome = target.outcome(request)
+    require(
+        "MON-007",
+        outcome is not None and len(outcome.items) == 1,
+        f"the caller read one item, stopped, then read again: the stream should end there "
+        f"with the one item; got {outcome if outcome is not None else 'a stream still open'}",
+    )
+
+
 @covers("MON-007", "HST-011")
 @requires(HOST, Capability.SCRIPT_FAILURES)
 @pytest.mark.parametrize("policy", BOOKING_POLICIES)

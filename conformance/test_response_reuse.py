@@ -1,6 +1,8 @@
-"""Response-connection reuse (TRN-028, TRN-029), driven from a raw caller: the check sends
+"""Response-connection reuse (TRN-028 … TRN-031), driven from a raw caller: the check sends
 requests to a worker's request plane itself and accepts the worker's dial-backs on its own
-listener, so it sees on which connection each stream's handshake arrives."""
+listener, so it sees on which connection each stream's handshake arrives. The caller's side
+(the target's router offering, releasing and keeping its connections) is checked at the end,
+through the streams its workers wrote on released connections (``Target.reused_streams``)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import time
 
 import pytest
 
-from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.checks import covers, require, require_equal, requires
+from routespec.conformance.scenario import finished
 from routespec.conformance.test_transport import PEER, _exactly, request_message, usable_control
-from routespec.testing.target import Adapter, Capability, Target
+from routespec.testing.target import Adapter, Capability, Direct, Serve, Target
 
 WAIT = 10.0  # real seconds a check waits for a worker's bytes
 OFFER = '"x-routespec-response-reuse":"1"'
@@ -342,6 +345,30 @@ def test_a_reused_connection_needs_a_release_of_its_own(target: Target) -> None:
         )
 
 
+@covers("TRN-029")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.MOCK_CLOCK)
+def test_a_release_half_a_second_after_the_sentinel_is_taken(target: Target) -> None:
+    """The caller may take a moment to release: a release 0.5 s after the sentinel still
+    keeps the connection for the next stream (TRN-028 lets the worker wait no longer than
+    1 s for it; this is the other side of that bound)."""
+    worker = target.add_worker()
+    target.advance_time(10.0)  # the sentinel at 10 s, not at the clock's start: a span
+    with listening() as listener:
+        stream, _ = first_stream(target, worker, listener, offer=True)
+        with stream:
+            target.advance_time(0.5)
+            stream.sendall(frame(RELEASE))
+            target.advance_time(0.0)
+            on_kept, found = next_stream(target, worker, listener, stream, "second")
+            require(
+                "TRN-029",
+                on_kept and found is not None and found.get("subject") == "second",
+                f"the caller released the first stream's connection 0.5 s after its sentinel; "
+                f"worker {worker} should write the next stream on it, but it came "
+                f"{'on it' if on_kept else 'elsewhere'} as {found}",
+            )
+
+
 def released_many(
     target: Target, worker: int, listeners: list[socket.socket], counts: list[int]
 ) -> list[socket.socket]:
@@ -422,3 +449,76 @@ def test_released_connections_are_kept_up_to_the_bounds(target: Target, counts: 
     finally:
         for stream in [*streams, *listeners]:
             stream.close()
+
+
+# --- the caller's side: the target's router releases what it read and keeps it open ---
+
+
+def served(target: Target, worker: int, items: int, requirement: str) -> None:
+    """One request to ``worker`` (scripted ``Serve(items)``) completes with its items."""
+    outcome = finished(target, target.submit(Direct(worker)), requirement)
+    require(
+        requirement,
+        outcome.error is None and len(outcome.items) == items,
+        f"worker {worker} serves {items} items; the request ended {outcome}",
+    )
+
+
+@covers("TRN-029")
+@requires(Capability.RESPONSE_REUSE, Capability.DIRECT)
+@pytest.mark.parametrize("items", [0, 1, 3])
+def test_the_caller_releases_each_connection_it_read_to_the_sentinel(
+    target: Target, items: int
+) -> None:
+    """Each stream read to its sentinel is released, so every request after the first is
+    written on the connection of the one before it."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(items))
+    for stream in range(4):
+        served(target, worker, items, "TRN-029")
+        require_equal(
+            "TRN-029",
+            target.reused_streams(worker),
+            stream,
+            f"the caller read {stream + 1} streams of worker {worker} to their sentinels, one "
+            "after the other; it should release each, and the worker write each next stream "
+            f"on the connection released before it ({stream} reused)",
+        )
+
+
+@covers("TRN-029", "TRN-031")
+@requires(Capability.RESPONSE_REUSE, Capability.DIRECT, Capability.MOCK_CLOCK)
+def test_the_caller_keeps_a_released_connection_until_the_worker_closes_it(
+    target: Target,
+) -> None:
+    """Released 15 s ago (past any deadline the caller keeps for a handshake, under the 20 s
+    of TRN-031), the connection is still open at the caller and carries the next stream; 25 s
+    after a release the worker has given it up, and the next stream is dialled for."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(1))
+    served(target, worker, 1, "TRN-029")
+    target.advance_time(15.0)
+    served(target, worker, 1, "TRN-029")
+    require_equal(
+        "TRN-029",
+        target.reused_streams(worker),
+        1,
+        f"the caller released worker {worker}'s connection 15 s ago and only the worker gives "
+        "a released connection up; the next stream should have been written on it",
+    )
+    target.advance_time(25.0)
+    served(target, worker, 1, "TRN-031")
+    require_equal(
+        "TRN-031",
+        target.reused_streams(worker),
+        1,
+        f"worker {worker} wrote a stream on a connection released 25 s before",
+    )
+    served(target, worker, 1, "TRN-029")
+    require_equal(
+        "TRN-029",
+        target.reused_streams(worker),
+        2,
+        f"the stream dialled for after 25 s should be released and reused in turn by worker "
+        f"{worker}",
+    )

@@ -33,6 +33,7 @@ from routespec.conformance.scenario import (
     finished,
     reached,
     refusal,
+    shows,
     shows_outer,
     tokens,
 )
@@ -43,6 +44,7 @@ from routespec.testing.target import (
     ErrorSpec,
     FailBeforeStream,
     Migrate,
+    Misbehave,
     Outcome,
     Reject,
     Serve,
@@ -53,6 +55,7 @@ from routespec.testing.target import (
     TargetConfig,
     Timeouts,
     Trickle,
+    WireFault,
     WorkerScript,
 )
 
@@ -231,6 +234,86 @@ def test_the_ack_deadline_counts_from_the_latest_ack(target: Target) -> None:
     timed_out(target, second, STAGES[1], acked_at + ACK)
 
 
+@covers("TMO-002", "TMO-010")
+@requires(
+    Capability.DIRECT,
+    Capability.MOCK_CLOCK,
+    Capability.CONFIGURE_TIMEOUTS,
+    Capability.SCRIPT_SILENCE,
+)
+def test_a_reused_connection_keeps_the_routers_ack_deadline(open_target: OpenTarget) -> None:
+    """The router's own ACK deadline holds for a request written on a connection an earlier
+    request opened, as for one that opens it; the request is open just before the deadline
+    and has failed at it (the clock moves in binary fractions, so the instant is exact)."""
+    deadline = STAGES[1].custom
+    config = TargetConfig(timeouts=Timeouts(ack=deadline))
+    with built(open_target, config, "TMO-010") as target:
+        worker = target.add_worker()
+        served = finished(target, target.submit(Direct(worker)), "TMO-002")
+        require(
+            "TMO-002",
+            served.error is None,
+            f"worker {worker} should serve a plain request first: {served}",
+        )
+        target.script_worker(worker, Silent(SilentStage.ACK))
+        request = target.submit(Direct(worker))  # on the connection the first one opened
+        target.advance_time(deadline - EARLY)
+        still_open(target, request, attrs.evolve(STAGES[1], requirement="TMO-010"), deadline)
+        target.advance_time(EARLY)
+        timed_out(target, request, STAGES[1], deadline)
+
+
+@covers("TMO-002", "TRN-015")
+@requires(
+    Capability.DIRECT, Capability.MOCK_CLOCK, Capability.SCRIPT_SILENCE, Capability.OBSERVE_INFLIGHT
+)
+@pytest.mark.parametrize("answered", [False, True], ids=["silent", "released"])
+def test_requests_queued_behind_a_full_connection_time_out_typed(
+    target: Target, answered: bool
+) -> None:
+    """A worker reads one request and then nothing more: the 120 requests sent behind it
+    (15 MiB, more than the sockets between them buffer) are written as far as the connection
+    takes them and the rest wait to be written; at the ACK deadline every one of them fails
+    with ``ConnectionTimeout``, written or not, and nothing stays counted in flight. If the
+    worker is instead released before the deadline, it reads on, and every request, those
+    written late in batches included, is served."""
+    worker = target.add_worker()
+    target.script_worker(worker, Silent(SilentStage.ACK))
+    pad = {"pad": "x" * (127 * 1024)}
+    requests = [target.submit(Direct(worker), metadata=pad) for _ in range(121)]
+    if answered:
+        target.script_worker(worker, Serve(1))
+        target.advance_time(ACK / 2)
+        target.release_stalled(worker)
+        for request in requests:
+            outcome = finished(target, request, "TMO-002")
+            require(
+                "TMO-002",
+                outcome.error is None and indices(outcome) == [0],
+                f"worker {worker} read on before the ACK deadline: {request} should be served",
+                expected="item [0], no error",
+                actual=outcome.error.describe() if outcome.error else outcome,
+            )
+        require_equal("TRN-015", target.transport_inflight(), 0, "served requests still count")
+        return
+    target.advance_time(ACK)
+    for request in requests:
+        outcome = finished(target, request, "TMO-002")
+        require(
+            "TMO-002",
+            outcome.error is not None
+            and outcome.error.pre_stream
+            and shows_outer(outcome.error, CONN),
+            f"{request}, sent behind a request worker {worker} never answered, should fail "
+            f"with {CONN} at the ACK deadline",
+            expected=f"{CONN} before the stream",
+            actual=outcome.error.describe() if outcome.error else outcome,
+        )
+    require_equal(
+        "TRN-015", target.transport_inflight(), 0, "timed-out requests still count in flight"
+    )
+
+
 @covers("TMO-005")
 @requires(Capability.DIRECT, Capability.MOCK_CLOCK, Capability.SCRIPT_TRICKLE)
 def test_inactivity_restarts_with_every_item(target: Target) -> None:
@@ -256,6 +339,65 @@ def test_inactivity_restarts_with_every_item(target: Target) -> None:
         expected="items [0, 1, 2, 3], no error",
         actual=outcome,
     )
+
+
+@covers("TMO-005")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK, Capability.PACED_READS)
+def test_an_item_taken_from_the_buffer_starts_the_inactivity_deadline(target: Target) -> None:
+    """The first item was already waiting when the caller read it: the caller's next read is
+    under the inactivity deadline, not the first item's."""
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=1))
+    target.pace_reads(True)
+    request = target.submit(Direct(worker))
+    target.advance_time(1.0)  # the first item arrives and waits for the caller
+    target.read(request, 2)  # the item, then a read that waits for the next
+    target.advance_time(INACTIVITY - EARLY)
+    require_compare(
+        "TMO-005",
+        target.outcome(request),
+        "is",
+        None,
+        f"the stream ended {INACTIVITY - EARLY} s after its first item was read",
+    )
+    target.advance_time(2 * EARLY)
+    outcome = finished(target, request, "TMO-005")
+    require(
+        "TMO-005",
+        indices(outcome) == [0] and shows(outcome.error, ("ResponseTimeout",)),
+        f"after its first item, taken from the buffer, a worker silent for {INACTIVITY} s "
+        f"(the inactivity timeout; the first item's is {FIRST_ITEM} s) must end the stream "
+        f"with ResponseTimeout; got {outcome}",
+    )
+
+
+@covers("TMO-005", "TRN-007")
+@requires(
+    Capability.DIRECT,
+    Capability.MOCK_CLOCK,
+    Capability.CONFIGURE_TIMEOUTS,
+    Capability.SCRIPT_WIRE_FAULTS,
+)
+def test_a_stream_past_its_final_frame_does_not_time_out(open_target: OpenTarget) -> None:
+    """``complete_final`` came, and the sentinel after it comes later than a short
+    inactivity deadline: the answer was complete, so the stream completes; a timeout here
+    would make migration repeat a finished request."""
+    inactivity = 0.0625
+    with built(open_target, TargetConfig(timeouts=Timeouts(inactivity=inactivity)), "TMO-005") as (
+        target
+    ):
+        worker = target.add_worker()
+        target.script_worker(worker, Misbehave(2, WireFault.LATE_SENTINEL))
+        request = target.submit(Direct(worker))
+        target.advance_time(0.1)  # the sentinel comes 0.1 s after complete_final
+        outcome = finished(target, request, "TMO-005")
+        require(
+            "TMO-005",
+            outcome.error is None and indices(outcome) == [0, 1],
+            f"worker {worker} sent two items and complete_final, its sentinel 0.1 s later, "
+            f"past the {inactivity} s inactivity deadline: the stream should complete with the "
+            f"two items; got {outcome}",
+        )
 
 
 # --- TMO-006, TMO-007: the timed-out attempt migrates ---

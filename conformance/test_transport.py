@@ -50,10 +50,14 @@ from routespec.testing.target import (
     Outcome,
     Reject,
     Serve,
+    Silent,
+    SilentStage,
     Stall,
     Target,
     WireFault,
     WorkerScript,
+    WriteFrame,
+    WritePrologue,
 )
 
 PRE_STREAM_PREFIX = "Worker generate() failed before response stream: "
@@ -140,11 +144,15 @@ def test_an_oversized_control_message_is_refused_before_sending(target: Target) 
         target.worker_bytes(worker) == before and not reached(target, "req-1"),
         f"worker {worker} received {target.worker_bytes(worker) - before} bytes of it",
     )
-    fits = {"pad": "x" * (CONTROL_LIMIT // 2)}
-    outcome = finished(target, target.submit(Direct(worker), metadata=fits), "TRN-002")
-    require_compare(
-        "TRN-002", outcome.error, "is", None, f"a 64 KiB control message failed: {outcome}"
-    )
+    for size in (CONTROL_LIMIT // 2, CONTROL_LIMIT - 1024):  # room left for the other fields
+        fits = {"pad": "x" * size}
+        for _ in range(2):  # the second on the connection the first left open
+            outcome = finished(target, target.submit(Direct(worker), metadata=fits), "TRN-002")
+            require(
+                "TRN-002",
+                outcome.error is None and indices(outcome) == [0],
+                f"a control message with {size} bytes of metadata should be served: {outcome}",
+            )
 
 
 # --- TRN-004 ---
@@ -210,6 +218,48 @@ def test_a_failure_before_the_first_item_is_cannot_connect(
         and seen.links[0][1].startswith(PRE_STREAM_PREFIX),
         f"the worker failed with {labels}; expected CannotConnect {PRE_STREAM_PREFIX!r}… "
         f"over {expected[1:] or 'no cause'}; got {seen.describe()}",
+    )
+
+
+PROLOGUES = {
+    "error-text-only": ('{"error": "prologue-text"}', "prologue-text"),
+    "error-and-null-typed": ('{"error": "prologue-text", "typed_error": null}', "prologue-text"),
+    "accepting-spelled-otherwise": ('{"typed_error": null, "error": null}', None),
+    "accepting-empty": ("{}", None),
+}
+
+
+@covers("TRN-003", "TRN-005")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize("prologue", list(PROLOGUES.values()), ids=list(PROLOGUES))
+def test_a_prologue_is_read_by_its_fields(target: Target, prologue: tuple[str, str | None]) -> None:
+    """A prologue as another runtime writes it: Dynamo 1.6.1's error text without a typed
+    error fails the request before its stream with ``CannotConnect`` carrying the text; a
+    prologue naming no error, however spelled, accepts, and the items follow."""
+    text, error = prologue
+    worker = target.add_worker()
+    target.script_worker(worker, WritePrologue(text, items=2))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-005")
+    if error is None:
+        require(
+            "TRN-003",
+            outcome.error is None and indices(outcome) == [0, 1],
+            f"the prologue {text} names no error: the stream's 2 items should follow",
+            expected="items [0, 1], no error",
+            actual=outcome,
+        )
+        return
+    seen = outcome.error
+    require(
+        "TRN-005",
+        seen is not None
+        and seen.pre_stream
+        and not outcome.items
+        and shows_outer(seen, "CannotConnect")
+        and any(error in message for _, message in seen.links),
+        f"the prologue {text} fails the request before its stream",
+        expected=f"CannotConnect before the stream, its chain carrying {error!r}",
+        actual=seen.describe() if seen else outcome,
     )
 
 
@@ -310,6 +360,143 @@ def test_an_empty_or_undecodable_frame_is_an_error_item(
     ends_with_error(outcome, "TRN-010", message, 1)
 
 
+# --- TRN-007, TRN-010, TRN-012: frames that carry no item (the response side) ---
+
+ANNOTATED_ERROR_EVENT = '{"data": {"event": "error", "comment": ["boom"]}, "complete_final": false}'
+NOT_ITEMS = {
+    "body-not-a-map": "[1, 2]",
+    "data-not-an-annotated-map": '{"data": 5, "complete_final": false}',
+    "error-event-without-error": ANNOTATED_ERROR_EVENT,
+}
+
+
+@covers("TRN-010")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize("body", list(NOT_ITEMS.values()), ids=list(NOT_ITEMS))
+def test_a_frame_that_is_no_item_is_an_error_item(target: Target, body: str) -> None:
+    """A frame body that decodes, but not to a frame map whose data is an ``Annotated`` map,
+    and an error event however it is written, are error items, never data."""
+    worker = target.add_worker()
+    target.script_worker(worker, WriteFrame(1, body=body))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-010")
+    require(
+        "TRN-010",
+        outcome.error is not None and not outcome.error.pre_stream and indices(outcome) == [0],
+        f"worker {worker} wrote one item, then the frame body {body}; the caller should see "
+        f"the item, then an error item, and no other data: {outcome}",
+    )
+
+
+BROKEN_FRAMES = {
+    "control-frame": WriteFrame(1, header=b'"stop"'),
+    "header-past-every-limit": WriteFrame(1, header_length=2**40),
+}
+
+
+@covers("TRN-007", "TRN-012")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize("script", list(BROKEN_FRAMES.values()), ids=list(BROKEN_FRAMES))
+def test_a_broken_frame_ends_the_stream_with_an_error_item(
+    target: Target, script: WriteFrame
+) -> None:
+    """A control frame from the worker, or a frame prefix declaring a header past every
+    limit: the stream cannot go on, and it ends with one error item, not silently."""
+    worker = target.add_worker()
+    target.script_worker(worker, script)
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-007")
+    ends_with_error(outcome, "TRN-007", "", 1)
+    serves_again(target, worker, "TRN-012")
+
+
+@covers("TRN-007", "TRN-012", "TRN-015")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_WIRE_FAULTS,
+    Capability.MOCK_CLOCK,
+    Capability.OBSERVE_INFLIGHT,
+)
+def test_a_frame_cut_short_ends_the_stream_with_an_error_item(target: Target) -> None:
+    """After one item the worker writes a frame prefix declaring a 4 KiB header and sends
+    only the final frame and sentinel behind it, then closes the connection (TRN-028: at
+    most 1 s after its sentinel): the caller waits for the rest of the frame while the
+    connection is open, and its end inside the frame ends the stream with one error item."""
+    worker = target.add_worker()
+    target.script_worker(worker, WriteFrame(1, header_length=4096))
+    request = target.submit(Direct(worker))
+    target.advance_time(2.0)
+    outcome = finished(target, request, "TRN-007")
+    ends_with_error(outcome, "TRN-007", "", 1)
+    require_equal("TRN-015", target.transport_inflight(), 0, "the cut-short stream still counts")
+    serves_again(target, worker, "TRN-012")
+
+
+@covers("TRN-007")
+@requires(Capability.DIRECT, Capability.MOCK_CLOCK)
+def test_a_stream_larger_than_the_socket_buffers_arrives_whole(target: Target) -> None:
+    """40,000 items (megabytes of frames, more than the sockets between worker and caller
+    buffer): the worker waits for the caller to read, and every item arrives, in order.
+    (On a real clock, ``submit`` may return before so long a stream has ended.)"""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(40_000))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-007")
+    require(
+        "TRN-007",
+        outcome.error is None and indices(outcome) == list(range(40_000)),
+        "a 40,000-item stream should arrive whole and in order",
+        expected="items 0 .. 39999, no error",
+        actual=f"{len(outcome.items)} items, error {outcome.error}",
+    )
+
+
+@covers("TRN-008")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+def test_a_reset_before_final_is_disconnected(target: Target, adapter: Adapter) -> None:
+    """The worker's connection ends with a reset (RST) rather than a close, 0.1 s after its
+    items were written: the read fails instead of meeting the end of the stream, and that is
+    the same end before ``complete_final``."""
+    worker = target.add_worker()
+    target.script_worker(worker, Misbehave(1, WireFault.RESET_BEFORE_FINAL))
+    request = target.submit(Direct(worker))
+    if Capability.MOCK_CLOCK in adapter.capabilities:
+        target.advance_time(0.1)  # the worker resets the connection 0.1 s after the item
+    outcome = finished(target, request, "TRN-008")
+    ends_with_error(outcome, "TRN-008", STREAM_ENDED_EARLY, 1)
+    require(
+        "TRN-008",
+        shows_outer(outcome.error, "Disconnected"),
+        f"a stream whose connection was reset should end with Disconnected: {outcome}",
+    )
+
+
+@covers("TRN-007", "TRN-029")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+def test_a_late_sentinel_ends_the_stream_cleanly(target: Target, adapter: Adapter) -> None:
+    """``complete_final`` alone, the sentinel 0.1 s later: the stream completes with its
+    items, and (where the target reuses response connections) the caller still releases the
+    connection it read to that sentinel."""
+    worker = target.add_worker()
+    target.script_worker(worker, Misbehave(2, WireFault.LATE_SENTINEL))
+    request = target.submit(Direct(worker))
+    if Capability.MOCK_CLOCK in adapter.capabilities:
+        target.advance_time(0.1)  # the worker sends the sentinel 0.1 s after complete_final
+    outcome = finished(target, request, "TRN-007")
+    require(
+        "TRN-007",
+        outcome.error is None and indices(outcome) == [0, 1],
+        f"worker {worker} sent two items, complete_final, then the sentinel 0.1 s later; the "
+        f"stream should complete with the two items: {outcome}",
+    )
+    if Capability.RESPONSE_REUSE in adapter.capabilities:
+        serves_again(target, worker, "TRN-029")
+        require_equal(
+            "TRN-029",
+            target.reused_streams(worker),
+            1,
+            f"the caller read worker {worker}'s stream to its late sentinel; it should have "
+            "released the connection, and the next stream been written on it",
+        )
+
+
 # --- TRN-011 ---
 
 ITEM_CHAINS = [
@@ -335,6 +522,28 @@ def test_error_items_keep_their_chain(target: Target, labels: tuple[str | None, 
         outcome.error is not None and outcome.error.links == expected,
         f"the worker's error item {expected} reached the caller as "
         f"{outcome.error.describe() if outcome.error else outcome}",
+    )
+
+
+@covers("TRN-011")
+@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES, Capability.OBSERVE_ERROR_TYPES)
+@pytest.mark.parametrize("length", [oracle.MAX_CHAIN_LINKS, oracle.MAX_CHAIN_LINKS + 6])
+def test_a_long_error_chain_keeps_its_first_64_links(target: Target, length: int) -> None:
+    """A worker's error item nested ``length`` links deep (``caused_by`` in ``caused_by``
+    on the wire): the caller reads its links to the 64th, none lost on the way (ERR-010)."""
+    labels = tuple(LABELS[depth % len(LABELS)] for depth in range(length))
+    worker = target.add_worker()
+    target.script_worker(worker, FailMidStream(1, spec_of(labels)))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-011")
+    kept = min(length, oracle.MAX_CHAIN_LINKS)
+    expected = tuple((label, f"link {depth}") for depth, label in enumerate(labels[:kept]))
+    error = outcome.error
+    require(
+        "TRN-011",
+        error is not None and error.links == expected,
+        f"worker {worker}'s error item of {length} links should reach the caller with its "
+        f"first {kept} links; the caller saw "
+        + (f"{len(error.links)} links: {error.describe()}" if error else str(outcome)),
     )
 
 
@@ -381,6 +590,8 @@ def test_bad_bytes_close_only_their_connection(
 )
 def test_a_tombstoned_instance_is_never_written_to(target: Target) -> None:
     worker = target.add_worker()
+    target.announce_removal(worker, False)  # an addition of one never removed changes nothing
+    serves_again(target, worker, "TRN-013")
     target.announce_removal(worker, True)
     before = target.worker_bytes(worker)
     outcome = finished(target, target.submit(Direct(worker)), "TRN-013")
@@ -432,6 +643,60 @@ def test_removal_fails_pending_registrations(target: Target, how: str) -> None:
         f"a request waiting for worker {worker}'s stream should fail with Disconnected when "
         f"the worker is {how}: {outcome}",
     )
+
+
+# --- TRN-033 ---
+
+
+@covers("TRN-033", "TRN-015")
+@requires(Capability.DIRECT, Capability.SCRIPT_SILENCE, Capability.KILL_WORKER)
+@pytest.mark.parametrize(
+    "stage",
+    [
+        # On a real clock, ``submit`` of a request nothing answers may wait out its deadline.
+        pytest.param(SilentStage.ACK, marks=pytest.mark.requires(Capability.MOCK_CLOCK)),
+        SilentStage.HANDSHAKE,
+    ],
+    ids=lambda stage: stage.value,
+)
+def test_a_worker_lost_before_its_stream_began_fails_the_request_disconnected(
+    target: Target, adapter: Adapter, stage: SilentStage
+) -> None:
+    """The worker read the request and never ACKed it, or dialled back and never sent the
+    prologue; then it dies. No deadline has to fire: the connection's end fails the request
+    before any stream with ``Disconnected``, and nothing stays counted in flight. A request
+    behind it on the same connection fails the same way."""
+    worker = target.add_worker()
+    target.script_worker(worker, Silent(stage))
+    requests = [target.submit(Direct(worker))]
+    if stage is SilentStage.ACK:
+        requests.append(target.submit(Direct(worker)))  # queued behind it, unanswered
+    for request in requests:
+        require_compare(
+            "TRN-033", target.outcome(request), "is", None, f"{request} ended before the kill"
+        )
+    target.kill_worker(worker)
+    for request in requests:
+        outcome = finished(target, request, "TRN-033")
+        require(
+            "TRN-033",
+            outcome.error is not None
+            and outcome.error.pre_stream
+            and shows_outer(outcome.error, "Disconnected")
+            and not outcome.items,
+            f"worker {worker} died silent at the {stage.value} stage: {request} should fail "
+            "before any stream with Disconnected",
+            expected="Disconnected before the stream, no items",
+            actual=outcome.error.describe() if outcome.error else outcome,
+        )
+    if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
+        require_equal(
+            "TRN-015",
+            target.transport_inflight(),
+            0,
+            f"requests failed by worker {worker}'s death at the {stage.value} stage still "
+            "count in flight",
+        )
 
 
 # --- TRN-015, TRN-016, TRN-017 ---

@@ -297,3 +297,34 @@ def test_the_default_byte_budget_is_64_mib(target: Target) -> None:
     refused_overloaded(
         target.write(connection, sized_request(rest + 1)), 2, "TRN-026", "past 64 MiB"
     )
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS)
+def test_a_refused_request_many_chunks_long_is_dropped_exactly(target: Target) -> None:
+    """A request twenty times the budget (many receive chunks) is refused; the worker reads
+    on to its last byte and no further, so the request written behind it in the same write is
+    read and answered; the bytes it dropped no longer count, so a request of exactly the
+    budget is read next, on that connection and on another, and one byte more is refused."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    connection = target.connect(worker)
+    huge, behind = sized_request(20 * BUDGET + 7), sized_request(512)
+    seen = target.write(connection, huge + behind)
+    require(
+        "TRN-026",
+        not seen.closed
+        and len(seen.acks) == 2
+        and seen.acks[0].startswith(OVERLOADED_ACK)
+        and not seen.acks[1].startswith(OVERLOADED_ACK),
+        f"a request of {len(huge)} bytes (budget {BUDGET}) then one of {len(behind)} in the "
+        "same write: the worker should refuse the first as overloaded, read past it exactly "
+        "and answer the second, keeping the connection",
+        expected=f"[{OVERLOADED_ACK}…, an ACK not refusing for load], connection open",
+        actual=f"{list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    not_refused(target.write(connection, sized_request(BUDGET)), 3, "TRN-026", "at the budget")
+    other = target.connect(worker)
+    not_refused(target.write(other, sized_request(BUDGET)), 1, "TRN-026", "another, at it")
+    refused_overloaded(
+        target.write(other, sized_request(BUDGET + 1)), 2, "TRN-026", "another, past it"
+    )

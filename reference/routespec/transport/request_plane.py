@@ -80,7 +80,7 @@ class WorkerConnection:
         finally:
             if not waiter.taken:  # never written: it leaves no trace
                 self._queued.remove(waiter)
-        if waiter.ack is None:
+        if waiter.ack is None:  # the connection ended first: Disconnected at once (TRN-033)
             raise RoutingError(
                 ErrorKind.DISCONNECTED,
                 f"TCP connection to {self.address} closed before the request was acknowledged",

@@ -303,7 +303,7 @@ async def _read_prologue(connection: FramedConnection) -> None:
         prologue = decode_json(frame.header, "prologue") if frame is not None else None
     except (WireProtocolError, *CONNECTION_ERRORS):
         prologue = None
-    if not isinstance(prologue, dict):
+    if not isinstance(prologue, dict):  # none came: the worker is lost (TRN-033)
         raise RoutingError(ErrorKind.DISCONNECTED, NOT_ESTABLISHED)
     typed, text = prologue.get("typed_error"), prologue.get("error")
     if typed is None and text is None:

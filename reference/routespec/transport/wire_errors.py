@@ -1,4 +1,5 @@
-"""Typed errors in Dynamo's wire shape, both ways (TRN-011).
+"""Typed errors in Dynamo's wire shape, both ways (TRN-011): written as TRN-032 says, read
+as TRN-034 says.
 
 A link is ``{"error_type", "class", "reason", "message", "caused_by"?}``. ``error_type`` is
 the legacy type (``"CannotConnect"``, ``{"Backend": "EngineShutdown"}``) or ``null`` for an

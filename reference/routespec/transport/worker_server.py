@@ -3,7 +3,9 @@
 One ``WorkerServer`` listens on a request-plane port and serves handlers by endpoint path.
 For each accepted request it ACKs on the same connection, dials the caller's response-stream
 address, and writes handshake, prologue, data frames, ``complete_final`` and the sentinel.
-A ``stop`` or ``kill`` from the caller ends the stream without a final frame. ``drain`` is a
+A ``stop`` or ``kill`` from the caller, or the caller shutting down its side, ends the stream
+at once without a final frame (TRN-035, ``_Watcher``); a bidirectional request whose request
+stream breaks ends with a typed error item (TRN-036, ``_read_inputs``). ``drain`` is a
 graceful shutdown: new requests are refused, open streams get a grace period to finish, and
 the rest end with ``Backend(EngineShutdown)`` so that their callers migrate them.
 

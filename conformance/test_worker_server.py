@@ -1,0 +1,462 @@
+"""The worker side of the TCP transport, driven from a raw caller: the check sends requests
+to a worker's request plane itself and accepts the worker's dial-backs on its own listener,
+so it sees the frames the worker writes and can write what a caller (or a misbehaving one)
+would on the response and request streams: a ``kill``, or the caller going away (TRN-017,
+TRN-035), a broken request stream (TRN-036) and over-budget frames (TRN-026). The ACK texts
+of refused requests are read on request-plane connections held open to the worker
+(Capability.WORKER_LIMITS; TRN-022, TRN-027)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from collections.abc import Callable
+
+import pytest
+
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import finished
+from routespec.conformance.test_response_reuse import (
+    RELEASE,
+    WAIT,
+    accept,
+    closing_bytes,
+    frame,
+    handshake,
+    listening,
+    read_frame,
+    read_to_sentinel,
+    readable,
+)
+from routespec.conformance.test_response_reuse import request as reuse_request
+from routespec.conformance.test_transport import (
+    NO_COLON,
+    NO_ENDPOINT,
+    OTHER_HOST,
+    PEER,
+    request_message,
+    serves_again,
+    usable_control,
+)
+from routespec.testing.target import (
+    Bidirectional,
+    Capability,
+    Serve,
+    Stall,
+    Target,
+    Trickle,
+    WorkerBounds,
+)
+
+SENTINEL = b'"sentinel"'
+UNAVAILABLE_ACK = "Server unavailable: "  # WorkerUnavailable at the caller (TRN-004)
+
+
+def raw_request(path: str, port: int, subject: str, *, many_in: bool = False) -> bytes:
+    """A usable request for ``path`` whose streams are at ``port`` on the check's host."""
+    control = json.dumps(usable_control(f"{PEER}:{port}", subject, many_in=many_in)).encode()
+    return request_message(path, control, b"" if many_in else b"{}")
+
+
+def data_frame(item: object) -> bytes:
+    body = json.dumps({"data": item, "complete_final": False}).encode()
+    return struct.pack(">QQQ", 0, len(body), 0) + body
+
+
+def body_frame(body: bytes) -> bytes:
+    return struct.pack(">QQQ", 0, len(body), 0) + body
+
+
+FINAL_FRAME = body_frame(b'{"complete_final":true}')
+
+
+def frames_of(data: bytes) -> list[tuple[bytes, object]]:
+    """The frames in ``data`` (whole ones only): each header, and its JSON body (None: none)."""
+    found: list[tuple[bytes, object]] = []
+    while len(data) >= 24:
+        header_len, body_len, _ = struct.unpack(">QQQ", data[:24])
+        end = 24 + header_len + body_len
+        if len(data) < end:
+            break
+        header, body = data[24 : 24 + header_len], data[24 + header_len : end]
+        found.append((header, json.loads(body) if body else None))
+        data = data[end:]
+    return found
+
+
+def opened_stream(
+    target: Target, worker: int, listener: socket.socket, subject: str
+) -> socket.socket:
+    """Send a request to ``worker``'s served path; its accepted response stream, read past
+    the handshake, the prologue and the first data item."""
+    port = listener.getsockname()[1]
+    target.send_raw(worker, raw_request(target.worker_path(worker), port, subject))
+    stream = accept(listener)
+    if stream is None:
+        pytest.fail(f"setup: worker {worker} never dialled back for {subject}")
+    introduced = handshake(stream)
+    if introduced.get("subject") != subject:
+        pytest.fail(f"setup: the dial-back introduced {introduced}")
+    prologue, _ = read_frame(stream)
+    _, first = read_frame(stream)
+    item = json.loads(first).get("data", {}).get("data") if first else None
+    if json.loads(prologue) != {"error": None} or not isinstance(item, dict) or item["index"]:
+        pytest.fail(f"setup: expected an ok prologue and item 0, got {prologue!r}, {first!r}")
+    return stream
+
+
+# --- TRN-017, TRN-035: the caller's kill, and the caller going away ---
+
+ENDINGS = {
+    "kill": lambda stream: stream.sendall(frame(b'"kill"')),
+    "half-close": lambda stream: stream.shutdown(socket.SHUT_WR),
+}
+
+
+@covers("TRN-017", "TRN-035")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.SCRIPT_STALL)
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> None:
+    """The handler is stalled after its first item; the caller writes ``kill`` and keeps
+    its end of the connection open, or shuts down its side (the caller went away). The
+    worker ends the stream while its handler is still stalled: it closes the connection
+    without writing anything more."""
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=1, items_after=3))
+    with listening() as listener:
+        stream = opened_stream(target, worker, listener, "told")
+        with stream:
+            ENDINGS[ending](stream)
+            late = closing_bytes(stream)
+            require(
+                "TRN-035",
+                late == b"",
+                f"after the caller's {ending} on a stalled stream, worker {worker} should close "
+                "the connection without writing anything more; "
+                + (
+                    "it kept it open"
+                    if late is None
+                    else f"it wrote {frames_of(late) or late[:120]!r}"
+                ),
+            )
+    target.release_stalled(worker)
+    serves_again(target, worker, "TRN-035")
+
+
+# --- TRN-022, TRN-027: a refusal at the ACK names the field ---
+
+ADDRESS_FIELD = "connection_info.info.address"
+
+
+def refused_naming(ack: str, field: str) -> bool:
+    return ack.startswith(UNAVAILABLE_ACK) and field in ack
+
+
+@covers("TRN-022")
+@requires(Capability.WORKER_LIMITS)
+def test_a_request_without_a_usable_response_address_is_refused_at_its_ack(
+    target: Target,
+) -> None:
+    """The refusal is an ACK ``Server unavailable: …`` naming the field, on a connection the
+    worker keeps open; written together with the next request (so that the worker reads both
+    at once), it still comes first, and the next request is answered after it."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    unusable = request_message(NO_ENDPOINT, NO_COLON.control(9, "alone"))
+    seen = target.write(connection, unusable)
+    require(
+        "TRN-022",
+        not seen.closed and len(seen.acks) == 1 and refused_naming(seen.acks[0], ADDRESS_FIELD),
+        f"a request whose response address is {NO_COLON.value!r} should be refused at its ACK "
+        f"with {UNAVAILABLE_ACK}… naming {ADDRESS_FIELD}, the connection kept open",
+        expected=f"one ACK {UNAVAILABLE_ACK}unusable request: {ADDRESS_FIELD}: …, open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    usable = request_message(NO_ENDPOINT, json.dumps(usable_control(f"{PEER}:9", "n")).encode())
+    seen = target.write(connection, unusable + usable)
+    require(
+        "TRN-022",
+        not seen.closed
+        and len(seen.acks) == 3
+        and refused_naming(seen.acks[1], ADDRESS_FIELD)
+        and not refused_naming(seen.acks[2], ADDRESS_FIELD),
+        "an unusable request written together with a usable one should be refused at its "
+        "ACK, naming the field, and the next request answered after it",
+        expected=f"ACKs 2 and 3: {UNAVAILABLE_ACK}… naming {ADDRESS_FIELD}, then another",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    serves_again(target, worker, "TRN-022")
+
+
+@covers("TRN-027")
+@requires(Capability.WORKER_LIMITS)
+def test_a_request_naming_another_host_is_refused_at_its_ack(target: Target) -> None:
+    """A response address at another host than the request's peer is refused at the ACK,
+    naming the field, and the connection goes on being served."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    elsewhere = usable_control(f"{OTHER_HOST}:9", "elsewhere")
+    seen = target.write(connection, request_message(NO_ENDPOINT, json.dumps(elsewhere).encode()))
+    require(
+        "TRN-027",
+        not seen.closed and len(seen.acks) == 1 and refused_naming(seen.acks[0], ADDRESS_FIELD),
+        f"a request whose response stream is at {OTHER_HOST} (not its peer {PEER}) should be "
+        f"refused at its ACK naming {ADDRESS_FIELD}, the connection kept open",
+        expected=f"one ACK {UNAVAILABLE_ACK}unusable request: {ADDRESS_FIELD}: …, open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    serves_again(target, worker, "TRN-027")
+
+
+# --- TRN-036, TRN-026: a bidirectional request's stream, broken by its caller ---
+
+OVERLOADED_REASON = "capacity.worker_overloaded"  # WorkerOverloaded on the wire (TRN-032)
+BUDGET = 4096  # a bounded worker's byte budget (TRN-026): far above any request here
+
+
+def bidirectional(
+    target: Target, worker: int, listener: socket.socket
+) -> tuple[socket.socket, socket.socket]:
+    """Send a bidirectional request to ``worker``'s served path; its request stream and its
+    response stream (read past the handshake), as the worker dialled them."""
+    port = listener.getsockname()[1]
+    target.send_raw(worker, raw_request(target.worker_path(worker), port, "bidi", many_in=True))
+    streams: dict[object, socket.socket] = {}
+    for _ in range(2):
+        stream = accept(listener)
+        if stream is None:
+            pytest.fail(f"setup: worker {worker} dialled back {sorted(map(str, streams))} only")
+        streams[handshake(stream).get("stream_type")] = stream
+    if set(streams) != {"request", "response"}:
+        pytest.fail(f"setup: worker {worker} introduced streams {sorted(map(str, streams))}")
+    return streams["request"], streams["response"]
+
+
+def error_type_of(frames: list[tuple[bytes, object]]) -> object:
+    """The type of the first error item among ``frames`` as Dynamo's wire writes it
+    (TRN-032): its ``error_type``, or for ``ResourceExhausted`` the type its ``reason``
+    names (``capacity.worker_overloaded``: ``WorkerOverloaded``); None: no error item."""
+    for _, body in frames:
+        data = body.get("data") if isinstance(body, dict) else None
+        if isinstance(data, dict) and data.get("event") == "error":
+            error = data.get("error")
+            if not isinstance(error, dict):
+                return error
+            if error.get("reason") == OVERLOADED_REASON:
+                return "WorkerOverloaded"
+            return error.get("error_type")
+    return None
+
+
+BREAKS: dict[str, tuple[Callable[[socket.socket], None], str]] = {  # how the caller breaks
+    # the request stream, and the type the request then fails with
+    "closed": (lambda stream: stream.close(), "Disconnected"),
+    "unreadable-frame": (
+        lambda stream: stream.sendall(struct.pack(">QQQ", 1 << 40, 0, 0)),
+        "Disconnected",
+    ),
+    "undecodable-item": (lambda stream: stream.sendall(body_frame(b"\xc1")), "InvalidArgument"),
+    "over-budget": (
+        lambda stream: stream.sendall(data_frame("x" * (4 * BUDGET))),
+        "WorkerOverloaded",
+    ),
+}
+
+
+@covers("TRN-036", "TRN-026")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.WORKER_LIMITS)
+@pytest.mark.parametrize("broken", list(BREAKS))
+def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, broken: str) -> None:
+    """The caller sends one input, then breaks its request stream (closes it before
+    ``complete_final``, writes a frame declaring 1 TiB, an item that is not JSON, or one past
+    the worker's byte budget): the response stream echoes the input, then ends with an error
+    item of the type TRN-036 names."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    breaking, expected = BREAKS[broken]
+    requirement = "TRN-026" if broken == "over-budget" else "TRN-036"
+    with listening() as listener:
+        inputs, response = bidirectional(target, worker, listener)
+        with inputs, response:
+            inputs.sendall(data_frame(0))
+            breaking(inputs)
+            rest = closing_bytes(response)
+            frames = [] if rest is None else frames_of(rest)
+            require(
+                requirement,
+                error_type_of(frames) == expected and frames[-1][0] == SENTINEL,
+                f"a bidirectional request whose request stream was broken ({broken}) should "
+                f"end with an error item of type {expected}, then the final frame and sentinel",
+                expected=f"an error item {expected!r}, closed",
+                actual=f"frames {frames!r}" if rest is not None else "still open",
+            )
+    serves_again(target, worker, requirement)
+
+
+# --- TRN-022: the dial-back that fails a request in its prologue ---
+
+
+@covers("TRN-022")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+def test_a_prologue_failure_comes_on_a_response_stream(target: Target) -> None:
+    """A request to the worker's own endpoint with an unknown payload codec: the worker
+    dials back introducing a response stream (``{"subject", "stream_type": "response"}``,
+    as for any stream) and fails the request in its prologue with ``InvalidArgument``."""
+    worker = target.add_worker()
+    with listening() as listener:
+        port = listener.getsockname()[1]
+        control = usable_control(f"{PEER}:{port}", "codec") | {"payload_codec": "no-such-codec"}
+        message = request_message(target.worker_path(worker), json.dumps(control).encode())
+        target.send_raw(worker, message)
+        stream = accept(listener)
+        require("TRN-022", stream is not None, f"worker {worker} never dialled back")
+        assert stream is not None
+        with stream:
+            introduced = handshake(stream)
+            prologue = json.loads(read_frame(stream)[0])
+        typed = prologue.get("typed_error") if isinstance(prologue, dict) else None
+        require(
+            "TRN-022",
+            introduced == {"subject": "codec", "stream_type": "response"}
+            and isinstance(prologue.get("error"), str)
+            and "payload_codec" in prologue["error"]
+            and (typed is None or typed.get("error_type") == "InvalidArgument"),
+            "a request with an unknown payload codec should be failed on a response stream "
+            "whose prologue is InvalidArgument naming payload_codec",
+            expected='handshake {"subject": "codec", "stream_type": "response"}, then a '
+            "prologue InvalidArgument naming payload_codec",
+            actual=f"handshake {introduced}, prologue {prologue}",
+        )
+    serves_again(target, worker, "TRN-022")
+
+
+# --- TRN-027: the hosts a worker is configured to dial back to ---
+
+DIAL_BACK_HOSTS = {  # configured as --dial-back-hosts takes them: (allowed, refused) hosts
+    "peer": ((PEER,), (OTHER_HOST,)),
+    "127.0.0.2": ((OTHER_HOST,), (PEER, "127.0.0.3")),
+    "peer, 127.0.0.2": ((PEER, OTHER_HOST), ("127.0.0.3",)),
+    "127.0.0.0/30": ((PEER, OTHER_HOST, "127.0.0.3"), ("127.0.0.4",)),
+    "10.1.2.3/8": (("10.200.0.1",), (PEER, "11.0.0.1")),  # host bits set: the network 10/8
+    "any": ((PEER, "10.1.2.3", "[2001:db8::1]"), ()),
+}
+
+
+@covers("TRN-027")
+@requires(Capability.WORKER_LIMITS)
+@pytest.mark.parametrize("hosts", list(DIAL_BACK_HOSTS))
+def test_a_worker_dials_back_to_the_hosts_it_is_configured_for(target: Target, hosts: str) -> None:
+    """A worker configured with ``hosts`` gets, from the peer 127.0.0.1, one request per
+    host naming a response address there (at an endpoint it does not serve, so that nothing
+    is dialled): a host it may not dial back to is refused at the ACK naming the field, any
+    other is answered as for any request (here: no endpoint)."""
+    worker = target.add_bounded_worker(WorkerBounds(dial_back_hosts=hosts))
+    connection = target.connect(worker)
+    allowed, refused = DIAL_BACK_HOSTS[hosts]
+    for count, host in enumerate((*allowed, *refused), 1):
+        control = json.dumps(usable_control(f"{host}:9", f"to-{count}")).encode()
+        seen = target.write(connection, request_message(NO_ENDPOINT, control))
+        ack = seen.acks[-1] if len(seen.acks) == count else None
+        require(
+            "TRN-027",
+            not seen.closed
+            and ack is not None
+            and refused_naming(ack, ADDRESS_FIELD) == (host in refused),
+            f"a worker configured to dial back to {hosts!r} should "
+            + ("refuse" if host in refused else "not refuse")
+            + f" a request from {PEER} whose response stream is at {host}",
+            expected=f"ACK {count}: "
+            + (f"{UNAVAILABLE_ACK}… naming {ADDRESS_FIELD}" if host in refused else "no refusal")
+            + ", the connection open",
+            actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+        )
+    if PEER in allowed:  # the router's streams are at its own address: the peer
+        serves_again(target, worker, "TRN-027")
+
+
+# --- TRN-029: a stream the caller watched over is as reusable as any ---
+
+
+@covers("TRN-029")
+@requires(
+    Capability.RESPONSE_REUSE,
+    Capability.WIRE_TRANSPORT,
+    Capability.SCRIPT_STALL,
+    Capability.SCRIPT_TRICKLE,
+    Capability.MOCK_CLOCK,
+)
+@pytest.mark.parametrize("waits", [1, 2])
+def test_a_stream_that_waited_on_its_handler_leaves_a_reusable_connection(
+    target: Target, waits: int
+) -> None:
+    """The first stream waits on its handler after its first item, once (stalled until
+    released) or twice (a trickle, one item a second), so the worker watches the connection
+    for the caller's control words meanwhile; then it ends, the caller releases the
+    connection, and the next stream comes on it."""
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=1, items_after=1) if waits == 1 else Trickle(3))
+    path = target.worker_path(worker)
+    with listening() as listener:
+        port = listener.getsockname()[1]
+        target.send_raw(worker, reuse_request(path, port, "waited", offer=True))
+        stream = accept(listener)
+        require("TRN-029", stream is not None, f"worker {worker} never dialled back")
+        assert stream is not None
+        with stream:
+            introduced = handshake(stream)
+            read_frame(stream)  # the prologue
+            read_frame(stream)  # item 0: the handler now waits
+            if waits == 1:
+                target.release_stalled(worker)
+            else:
+                for _ in range(waits):
+                    target.advance_time(1.0)
+                    read_frame(stream)  # the next item
+            read_to_sentinel(stream)
+            stream.sendall(frame(RELEASE))
+            target.script_worker(worker, Serve(1))
+            target.send_raw(worker, reuse_request(path, port, "next", offer=True))
+            second = handshake(stream) if readable(stream, WAIT) else None
+            require(
+                "TRN-029",
+                introduced.get("reuse") is True
+                and second is not None
+                and second.get("subject") == "next",
+                f"worker {worker} was offered reuse and the caller released the connection "
+                f"after a stream that waited {waits} time(s) on its handler; the next stream "
+                "should come on it",
+                expected='the handshake {"subject": "next", …} on the released connection',
+                actual=f"first handshake {introduced}, then on the connection: {second}",
+            )
+            read_to_sentinel(stream)
+
+
+# --- TRN-001, DSP-010: a bidirectional request's metadata reaches its worker ---
+
+
+@covers("TRN-001", "DSP-010")
+@requires(Capability.BIDIRECTIONAL, Capability.OBSERVE_PREPARED_TARGET)
+@pytest.mark.parametrize("mode", ["round-robin", "random"])
+def test_a_bidirectional_request_carries_its_metadata(target: Target, mode: str) -> None:
+    """The worker a bidirectional request reaches reads the metadata its caller gave it:
+    here the mark of the worker the request was prepared for (DSP-010), which the request's
+    control message carries as for any request (TRN-001)."""
+    workers = [target.add_worker() for _ in range(2)]
+    for _ in range(2):
+        finished(target, target.submit(Bidirectional(mode, 2)), "TRN-001")
+    deliveries = list(target.dispatch_log())
+    require(
+        "TRN-001",
+        len(deliveries) == 2 and all(d.prepared_for is not None for d in deliveries),
+        f"two bidirectional {mode} requests should each reach their worker with the "
+        "metadata their caller gave them (the mark of the worker they were prepared for)",
+        expected="two deliveries, each with its prepared_for mark",
+        actual=repr(deliveries),
+    )
+    for delivery in deliveries:
+        require(
+            "DSP-010",
+            delivery.worker_id in workers and delivery.prepared_for == delivery.worker_id,
+            f"bidirectional {mode} request {delivery.request_id} reached worker "
+            f"{delivery.worker_id} but was prepared for {delivery.prepared_for}",
+        )
