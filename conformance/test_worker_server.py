@@ -111,11 +111,17 @@ def opened_stream(
 ENDINGS = {
     "kill": lambda stream: stream.sendall(frame(b'"kill"')),
     "half-close": lambda stream: stream.shutdown(socket.SHUT_WR),
+    "reuse-then-kill": None,  # a reuse before the sentinel releases nothing (TRN-028)
 }
 
 
-@covers("TRN-017", "TRN-035")
-@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.SCRIPT_STALL)
+@covers("TRN-017", "TRN-028", "TRN-035")
+@requires(
+    Capability.RESPONSE_REUSE,
+    Capability.WIRE_TRANSPORT,
+    Capability.SCRIPT_STALL,
+    Capability.MOCK_CLOCK,
+)
 @pytest.mark.parametrize("ending", list(ENDINGS))
 def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> None:
     """The handler is stalled after its first item; the caller writes ``kill`` and keeps
@@ -127,7 +133,13 @@ def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> N
     with listening() as listener:
         stream = opened_stream(target, worker, listener, "told")
         with stream:
-            ENDINGS[ending](stream)
+            end = ENDINGS[ending]
+            if end is None:
+                stream.sendall(frame(b'"reuse"'))
+                target.advance_time(0.0)  # settled: the worker has read the reuse alone
+                stream.sendall(frame(b'"kill"'))
+            else:
+                end(stream)
             late = closing_bytes(stream)
             require(
                 "TRN-035",

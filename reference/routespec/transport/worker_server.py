@@ -467,6 +467,8 @@ class WorkerServer:
             if stream.cancelled_caught:
                 cut = RoutingError(BackendKind.ENGINE_SHUTDOWN, STREAM_CUT_AT_SHUTDOWN)
                 await out.write(data_frame(codec, error_annotated(cut)))
+            if watcher is not None:
+                watcher.finished = True  # from here on a ``reuse`` is the caller's release
             await out.write(final_frame(codec) + SENTINEL_FRAME)
             await out.flush()
             return True
@@ -665,6 +667,7 @@ class _Watcher:
         self._scope: trio.CancelScope | None = None
         self._done = trio.Event()
         self.stopped = False  # the caller stopped the stream
+        self.finished = False  # the final frame and sentinel are being written
 
     @property
     def started(self) -> bool:
@@ -693,6 +696,8 @@ class _Watcher:
             with scope:
                 while (frame := await connection.read_two_part(MAX_CONTROL_BYTES)) is not None:
                     if _releases(frame, connection):
+                        if not self.finished:
+                            continue  # a release before the sentinel is none (TRN-028)
                         connection.released = True
                         return
                     if _control_word(frame) in (STOP, KILL):
