@@ -89,6 +89,24 @@ def test_a_registration_reaches_its_endpoints_watchers(target: Target) -> None:
         )
 
 
+@covers("DSC-001", "DSC-007")
+@requires(STORE)
+@pytest.mark.parametrize("endpoint", ["_tmp_ns/backend/generate", "dsc/back_end/gen-erate_1"])
+def test_names_with_punctuation_are_listed(target: Target, endpoint: str) -> None:
+    """Names may hold underscores and dashes, even where a file store's temp files have
+    theirs (``.tmp_``): the registration is listed like any other."""
+    store = target.open_discovery()
+    watcher = store.watch(endpoint)
+    worker = store.register(endpoint)
+    store.advance(store.timing().propagation)
+    require_equal(
+        "DSC-001",
+        ids(store, watcher),
+        {worker},
+        f"the watcher of {endpoint!r} lists {sorted(ids(store, watcher))}; expected {worker}",
+    )
+
+
 @covers("DSC-002", "DSC-014")
 @requires(STORE)
 def test_a_watcher_lists_only_its_own_endpoint(target: Target) -> None:

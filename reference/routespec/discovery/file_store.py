@@ -96,7 +96,15 @@ def transport_path(endpoint: str, instance_id: int) -> str:
 
 
 def record_path(root: Path, endpoint: str, instance_id: int) -> Path:
-    return instances_dir(root) / urllib.parse.quote(instance_key(endpoint, instance_id), safe="")
+    return instances_dir(root) / file_name(instance_key(endpoint, instance_id))
+
+
+def file_name(key: str) -> str:
+    """The file of ``key`` as Dynamo names it: every byte but an ASCII letter or digit
+    percent-encoded, so no record's name starts like a temp file's (``.tmp_``)."""
+    return "".join(
+        chr(byte) if byte < 128 and chr(byte).isalnum() else f"%{byte:02X}" for byte in key.encode()
+    )
 
 
 def random_instance_id() -> int:
