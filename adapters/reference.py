@@ -138,6 +138,10 @@ class Cluster(Protocol):
         """The worker dies; a worker process is killed (SIGKILL) and has exited on return."""
         ...
 
+    async def drain(self, worker_id: int, grace_period: float) -> None:
+        """The worker shuts down gracefully (Capability.DRAIN_WORKER); returns when done."""
+        ...
+
     def announce_removal(self, worker_id: int, removed: bool) -> None: ...
     def worker_bytes(self, worker_id: int) -> int: ...
     async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
@@ -185,6 +189,9 @@ class InProcessCluster:
 
     async def kill(self, worker_id: int) -> None:
         self.transport.kill(f"inproc://worker-{worker_id}")
+
+    async def drain(self, worker_id: int, grace_period: float) -> None:
+        raise NotImplementedError("in-process workers have no server to drain")
 
     def announce_removal(self, worker_id: int, removed: bool) -> None:
         raise NotImplementedError("in-process workers have no removal watcher")
@@ -359,6 +366,9 @@ class ReferenceTarget:
 
     def kill_worker(self, worker_id: int) -> None:
         self._portal.call(lambda: self._cluster.kill(worker_id))
+
+    def drain_worker(self, worker_id: int, grace_period: float) -> None:
+        self._portal.start_soon(lambda: self._cluster.drain(worker_id, grace_period))
 
     def vanish_worker(self, worker_id: int) -> None:
         self._portal.call_sync(lambda: self._discovery.withdraw(worker_id))
@@ -688,6 +698,7 @@ WIRE_ONLY = frozenset(
         Capability.WIRE_TRANSPORT,
         Capability.RESPONSE_REUSE,
         Capability.WORKER_LIMITS,
+        Capability.DRAIN_WORKER,
     }
 )
 

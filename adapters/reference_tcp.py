@@ -243,6 +243,9 @@ class TcpCluster:
             ):
                 await self._progress.wait()
 
+    async def drain(self, worker_id: int, grace_period: float) -> None:
+        await self._servers[worker_id].drain(grace_period)
+
     async def kill(self, worker_id: int) -> None:
         worker = self._processes.get(worker_id)
         if worker is None:

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import pytest
 
+from routespec.conformance import oracle
 from routespec.conformance.checks import covers, require, requires
-from routespec.conformance.scenario import finished
+from routespec.conformance.scenario import finished, shows
 from routespec.conformance.test_response_reuse import (
     RELEASE,
     WAIT,
@@ -42,6 +43,7 @@ from routespec.conformance.test_transport import (
 from routespec.testing.target import (
     Bidirectional,
     Capability,
+    Direct,
     Serve,
     Stall,
     Target,
@@ -472,3 +474,49 @@ def test_a_bidirectional_request_carries_its_metadata(target: Target, mode: str)
             f"bidirectional {mode} request {delivery.request_id} reached worker "
             f"{delivery.worker_id} but was prepared for {delivery.prepared_for}",
         )
+
+
+# --- TRN-037: a graceful shutdown ---
+
+GRACE = 2.0
+
+
+@covers("TRN-037")
+@requires(
+    Capability.DRAIN_WORKER, Capability.DIRECT, Capability.SCRIPT_STALL, Capability.MOCK_CLOCK
+)
+@pytest.mark.parametrize("in_time", [True, False], ids=["finishes-in-time", "outlives-grace"])
+def test_a_draining_worker_refuses_new_requests_and_cuts_late_streams(
+    target: Target, in_time: bool
+) -> None:
+    """One stream is open (its handler stalled after one item) when the worker starts a
+    graceful shutdown: a new request is refused at its ACK; the open stream completes if
+    its handler resumes within the grace period, else ends with Backend(EngineShutdown)."""
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=1, items_after=1))
+    open_request = target.submit(Direct(worker))
+    target.drain_worker(worker, GRACE)
+    refused = finished(target, target.submit(Direct(worker)), "TRN-037")
+    require(
+        "TRN-037",
+        refused.error is not None
+        and refused.error.pre_stream
+        and shows(refused.error, (oracle.REJECTION_TYPES[False],)),
+        f"a request to worker {worker} after it began shutting down should be refused at its "
+        f"ACK ({oracle.REJECTION_TYPES[False]}); got {refused}",
+    )
+    target.advance_time(GRACE - 0.5)
+    if in_time:
+        target.release_stalled(worker)
+    else:
+        target.advance_time(1.0)
+    outcome = finished(target, open_request, "TRN-037")
+    expected = "completes with both items" if in_time else "ends with Backend(EngineShutdown)"
+    require(
+        "TRN-037",
+        (outcome.error is None and len(outcome.items) == 2)
+        if in_time
+        else (len(outcome.items) == 1 and shows(outcome.error, ("Backend(EngineShutdown)",))),
+        f"the stream open when worker {worker} began shutting down with {GRACE} s of grace "
+        f"{expected}; got {outcome}",
+    )

@@ -73,6 +73,8 @@ class Capability(enum.Enum):
     RESPONSE_REUSE = "transport:response-reuse"
     """Raw requests to a worker's served path (``Target.worker_path``), for the checks of
     the reference's response-connection reuse (spec: TRN-028, TRN-029)."""
+    DRAIN_WORKER = "cluster:drain-worker"
+    """A worker can be told to shut down gracefully (``Target.drain_worker``, TRN-037)."""
     PACED_READS = "caller:paced-reads"
     """The caller of a request reads its items only when the check says so
     (``Target.pace_reads``, ``Target.read``): a rule about what the caller sees when it takes
@@ -771,6 +773,11 @@ class Target(Protocol):
         ...
 
     def kill_worker(self, worker_id: int) -> None: ...
+    def drain_worker(self, worker_id: int, grace_period: float) -> None:
+        """The worker starts a graceful shutdown with ``grace_period`` seconds for the streams
+        it has open (a SIGTERM to a worker process; Capability.DRAIN_WORKER)."""
+        ...
+
     def vanish_worker(self, worker_id: int) -> None:
         """The worker's transport record disappears while the router still lists it."""
         ...

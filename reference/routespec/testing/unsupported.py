@@ -36,6 +36,9 @@ class Unsupported:
     def vanish_worker(self, worker_id: int) -> None:
         _lacks(Capability.VANISH_WORKER)
 
+    def drain_worker(self, worker_id: int, grace_period: float) -> None:
+        _lacks(Capability.DRAIN_WORKER)
+
     def pace_reads(self, paced: bool) -> None:
         _lacks(Capability.PACED_READS)
 

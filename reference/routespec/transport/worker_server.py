@@ -178,16 +178,13 @@ class WorkerServer:
         self._handlers[path] = handler
         return f"{self.host}:{self.port}/{path}"
 
-    def withdraw(self, path: str) -> None:
-        self._handlers.pop(path, None)
-
     def kill(self) -> None:
         """Stop at once, as a crashed process would: every socket closes, nothing is flushed."""
         self._scope.cancel()
 
     async def drain(self, grace_period: float) -> None:
         """Refuse new requests, give open streams ``grace_period`` seconds to finish, then end
-        the rest with ``Backend(EngineShutdown)``, a migratable error."""
+        the rest with ``Backend(EngineShutdown)``, a migratable error (TRN-037)."""
         self._draining = True
         with trio.move_on_after(grace_period):
             await self._wait_for_streams()
