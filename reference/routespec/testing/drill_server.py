@@ -109,12 +109,7 @@ class DrillWorkerServer(WorkerServer):
         try:
             header = TwoPart(header=prologue.encode()).encode()
             async with _dial(control.response, "response", header, self.budget) as connection:
-                items = await worker.start(request)
-                try:
-                    await self.send_items(connection, control.payload_codec, items)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await items.aclose()
+                await self._serve(connection, control, worker, request)
         except* (OSError, *CONNECTION_ERRORS):
             pass  # the caller the prologue failed closed the stream
 
@@ -130,14 +125,25 @@ class DrillWorkerServer(WorkerServer):
                 await connection.send(TwoPart(header=encode_json(handshake)).encode())
                 await worker.silence(request.request_id)
                 await connection.send(PROLOGUE_OK)
-                items = await worker.start(request)
-                try:
-                    await self.send_items(connection, control.payload_codec, items)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await items.aclose()
+                await self._serve(connection, control, worker, request)
         except* (OSError, *CONNECTION_ERRORS):
             pass  # the caller gave up on the stream and closed it
+
+    async def _serve(
+        self,
+        connection: FramedConnection,
+        control: ControlMessage,
+        worker: ScriptedWorker,
+        request: Request,
+    ) -> None:
+        """The script's items on a stream already introduced; the handler closed whatever
+        happens."""
+        items = await worker.start(request)
+        try:
+            await self.send_items(connection, control.payload_codec, items)
+        finally:
+            with trio.CancelScope(shield=True):
+                await items.aclose()
 
     async def send_item(self, out: FrameWriter, codec: PayloadCodec, item: object) -> bool:
         if isinstance(item, ErrorItemMarker):  # verbatim, as another runtime wrote it
