@@ -44,6 +44,7 @@ from routespec.testing.target import (
     Bidirectional,
     Capability,
     Direct,
+    HeldConnection,
     Serve,
     Stall,
     Target,
@@ -167,6 +168,19 @@ def refused_naming(ack: str, field: str) -> bool:
     return ack.startswith(UNAVAILABLE_ACK) and field in ack
 
 
+def refused_at_its_ack(requirement: str, seen: HeldConnection, why: str) -> None:
+    """The one request written was refused at its ACK naming the response address; the
+    connection stays open."""
+    require(
+        requirement,
+        not seen.closed and len(seen.acks) == 1 and refused_naming(seen.acks[0], ADDRESS_FIELD),
+        f"{why} should be refused at its ACK with {UNAVAILABLE_ACK}… naming {ADDRESS_FIELD}, "
+        "the connection kept open",
+        expected=f"one ACK {UNAVAILABLE_ACK}unusable request: {ADDRESS_FIELD}: …, open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+
+
 @covers("TRN-022")
 @requires(Capability.WORKER_LIMITS)
 def test_a_request_without_a_usable_response_address_is_refused_at_its_ack(
@@ -179,14 +193,7 @@ def test_a_request_without_a_usable_response_address_is_refused_at_its_ack(
     connection = target.connect(worker)
     unusable = request_message(NO_ENDPOINT, NO_COLON.control(9, "alone"))
     seen = target.write(connection, unusable)
-    require(
-        "TRN-022",
-        not seen.closed and len(seen.acks) == 1 and refused_naming(seen.acks[0], ADDRESS_FIELD),
-        f"a request whose response address is {NO_COLON.value!r} should be refused at its ACK "
-        f"with {UNAVAILABLE_ACK}… naming {ADDRESS_FIELD}, the connection kept open",
-        expected=f"one ACK {UNAVAILABLE_ACK}unusable request: {ADDRESS_FIELD}: …, open",
-        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
-    )
+    refused_at_its_ack("TRN-022", seen, f"a request whose response address is {NO_COLON.value!r}")
     usable = request_message(NO_ENDPOINT, json.dumps(usable_control(f"{PEER}:9", "n")).encode())
     seen = target.write(connection, unusable + usable)
     require(
@@ -212,13 +219,8 @@ def test_a_request_naming_another_host_is_refused_at_its_ack(target: Target) -> 
     connection = target.connect(worker)
     elsewhere = usable_control(f"{OTHER_HOST}:9", "elsewhere")
     seen = target.write(connection, request_message(NO_ENDPOINT, json.dumps(elsewhere).encode()))
-    require(
-        "TRN-027",
-        not seen.closed and len(seen.acks) == 1 and refused_naming(seen.acks[0], ADDRESS_FIELD),
-        f"a request whose response stream is at {OTHER_HOST} (not its peer {PEER}) should be "
-        f"refused at its ACK naming {ADDRESS_FIELD}, the connection kept open",
-        expected=f"one ACK {UNAVAILABLE_ACK}unusable request: {ADDRESS_FIELD}: …, open",
-        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    refused_at_its_ack(
+        "TRN-027", seen, f"a request whose response stream is at {OTHER_HOST} (not its peer {PEER})"
     )
     serves_again(target, worker, "TRN-027")
 
