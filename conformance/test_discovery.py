@@ -268,12 +268,13 @@ def test_a_killed_process_lapses_after_ttl_not_before(target: Target, renewed: b
         f"{hold:.2f} s after the kill, less than ttl ({timing.ttl} s) after the last renewal, "
         f"the watcher lists {sorted(ids(store, watcher))}; {killed} should still be listed",
     )
-    store.advance(timing.ttl + delay - hold)
+    store.advance(timing.ttl + timing.renewal + delay - hold)
     require_equal(
         "DSC-006",
         ids(store, watcher),
         {running},
-        f"ttl + {delay} s after the kill the watcher lists {sorted(ids(store, watcher))}",
+        f"ttl + one renewal interval + {delay} s after the kill the watcher lists "
+        f"{sorted(ids(store, watcher))}",
     )
     require_compare(
         "DSC-006", store.record(killed), "is", None, f"the record of {killed} is still stored"
@@ -317,12 +318,14 @@ def test_a_store_keeps_the_liveness_period_it_is_opened_with(
         f"its registration, the watcher lists {sorted(map(hex, ids(store, watcher)))}; "
         f"expected {running:x} and {killed:x}",
     )
-    store.advance(3 * delay)
+    renewal = store.timing().renewal
+    store.advance(3 * delay + renewal)
     require_equal(
         "DSC-006",
         ids(store, watcher),
         {running},
-        f"ttl ({period} s) + {delay} s after {killed:x} was killed the watcher lists "
+        f"ttl ({period} s) + one renewal interval ({renewal} s) + {delay} s after {killed:x} "
+        f"was killed the watcher lists "
         f"{sorted(map(hex, ids(store, watcher)))}; expected only the running {running:x}",
     )
     store.advance(2 * period)
