@@ -35,6 +35,8 @@ from routespec.testing.target import (
     Preselected,
     RoutingHostTarget,
     Serve,
+    Silent,
+    SilentStage,
     Stall,
     Target,
     TargetConfig,
@@ -694,6 +696,29 @@ def test_a_planned_route_spends_its_preview_budget(target: Target, elapsed: floa
         f"the preview started the route's budget {elapsed} s earlier, so the stopped dispatch "
         f"has none left; plan reports {plan.budget_remaining} s, got {outcome}, reached "
         f"{attempts}",
+    )
+
+
+@covers("HST-015")
+@requires(HOST, Capability.MOCK_CLOCK, Capability.SCRIPT_SILENCE)
+def test_a_budget_spent_in_dispatch_names_dispatch(target: Target) -> None:
+    """The budget runs out while the dispatch waits for its worker's ACK: the stage the
+    error names is ``dispatch``, the route's last."""
+    (worker,) = workers(target, 1)
+    target.script_worker(worker, Silent(SilentStage.ACK))
+    host = host_of(target, "HST-015", HostConfig(policy="kv"))
+    preview = planned(host.preview(HostRoute(phase="decode", staged_kv=True)), "HST-015")
+    target.advance_time(118.0)  # 2 s of the budget left, less than the 5 s ACK deadline
+    plan = planned(host.plan(preview.plan_id), "HST-015")
+    request = host.dispatch_plan(plan.plan_id, stop_first=True)
+    target.advance_time(3.0)
+    outcome, _ = ended(target, request, "HST-015")
+    message = f"Request {request} exhausted its decode cleanup budget at dispatch"
+    require(
+        "HST-015",
+        failed_with(outcome, "Cancelled", message),
+        f"2 s of budget left and worker {worker} silent before its ACK: expected Cancelled "
+        f"{message!r} once the budget ran out; got {outcome}",
     )
 
 

@@ -681,6 +681,22 @@ def test_a_planned_soft_dispatch_renews_the_binding_it_follows(target: Target) -
     bound_to(host, "s", pool[0], "AFF-003", f"{TTL + 1} s after the plan, 2 s after its dispatch")
 
 
+@covers("AFF-003", "AFF-007")
+@requires(Capability.ROUTING_HOST, Capability.MOCK_CLOCK)
+def test_a_planned_soft_dispatch_after_its_binding_lapsed_is_served(target: Target) -> None:
+    """The other side of the renewal: a plan dispatched TTL + 1 s after it was made finds
+    its session's binding lapsed; there is nothing left to follow, and the request is served
+    all the same."""
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-007", soft("kv"))
+    host.bind_session("s", pool[0])
+    preview = planned(host.preview(HostRoute(session="s")), "AFF-007")
+    plan = planned(host.plan(preview.plan_id), "AFF-007")
+    target.advance_time(TTL + 1)
+    went = served(target, host.dispatch_plan(plan.plan_id), "AFF-007", "a plan past its TTL")
+    require_equal("AFF-007", went, [pool[0]], f"planned for {pool[0]}, the request went to {went}")
+
+
 @covers("AFF-007", "HST-021")
 @requires(Capability.ROUTING_HOST, Capability.REPORT_DOWN)
 def test_a_soft_session_with_no_worker_routable_fails_typed(target: Target) -> None:

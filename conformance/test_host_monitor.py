@@ -8,6 +8,7 @@ books (least-loaded, KV); the others run round-robin. Time is the target's mock 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import pytest
@@ -39,6 +40,7 @@ from routespec.testing.target import (
     TerminalFlood,
     TerminalThen,
     WorkerScript,
+    WriteFrame,
 )
 
 HOST = Capability.ROUTING_HOST
@@ -103,6 +105,27 @@ def test_each_finish_reason_is_classified(target: Target, finish: str) -> None:
         )
         + f", so the caller should read finish reasons {expected} then the error; "
         f"got {finishes(outcome)} and {outcome.error}",
+    )
+
+
+NOT_MAPS = {"text": '"plain"', "list": "[1, 2]", "number": "5", "null": "null"}
+
+
+@covers("MON-001")
+@requires(HOST, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize("data", list(NOT_MAPS.values()), ids=list(NOT_MAPS))
+def test_a_data_item_that_is_no_map_is_healthy(target: Target, data: str) -> None:
+    """An item's data need not be a map: one that is not, so has no finish reason, is
+    Healthy and reaches the caller like any other."""
+    body = f'{{"data": {{"data": {data}}}, "complete_final": false}}'
+    workers(target, 1, WriteFrame(1, body=body))
+    host = host_of(target, "MON-001", HostConfig())
+    outcome, _ = ended(target, host.route(ROUTE), "MON-001")
+    require(
+        "MON-001",
+        outcome.error is None and len(outcome.items) == 2 and outcome.items[1] == json.loads(data),
+        f"a worker sent a token, then an item whose data is {data}: the caller should read "
+        f"both and no error; got {outcome}",
     )
 
 
