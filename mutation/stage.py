@@ -67,7 +67,10 @@ def _toml_list(items: list[str]) -> str:
 def pytest_args(adapter: str) -> list[str]:
     """What every check run of ``adapter``'s lane is given."""
     args = ["--adapter", adapter, "--hypothesis-profile", PROFILE, "-p", "no:cacheprovider"]
-    args += [f"--timeout={CHECK_SECONDS}", "--timeout-method=signal"]
+    # thread: at the limit the whole process exits, which kills the mutant. A signal fails
+    # only the check, and the target's teardown then waited on the same stuck trio thread
+    # until mutmut's own limit, minutes later.
+    args += [f"--timeout={CHECK_SECONDS}", "--timeout-method=thread"]
     if not _plugin_installed():
         args += ["-p", "routespec.conformance.plugin"]
     return args
