@@ -56,6 +56,7 @@ from routespec.testing.target import (
     Target,
     WireFault,
     WorkerScript,
+    WriteAck,
     WriteFrame,
     WritePrologue,
 )
@@ -174,6 +175,81 @@ def test_a_rejection_ack_is_a_typed_worker_failure(target: Target, overloaded: b
         and "queue full" in outcome.error.links[0][1],
         f"a {'Server overloaded' if overloaded else 'Server unavailable'} ACK should fail "
         f"before the stream with {expected} carrying the worker's text; got {outcome}",
+    )
+
+
+# --- TRN-038: an ACK's bound and its text ---
+
+ACK_LIMIT = 64 * 1024
+UNAVAILABLE_ACK = b"Server unavailable: "
+
+
+@covers("TRN-038", "TRN-004")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+def test_an_ack_at_its_bound_is_read_whole(target: Target) -> None:
+    """The other side of the limit: a rejection of exactly 65,536 bytes is read (its text
+    then bounded as every message is, ERR-006)."""
+    text = UNAVAILABLE_ACK + b"x" * (ACK_LIMIT - len(UNAVAILABLE_ACK))
+    worker = target.add_worker()
+    target.script_worker(worker, WriteAck(text))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-038")
+    expected = oracle.REJECTION_TYPES[False]
+    require(
+        "TRN-038",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and shows(outcome.error, (expected,))
+        and "xxxxxxxx" in outcome.error.links[0][1],
+        f"an ACK of {len(text)} bytes (the limit) saying 'Server unavailable: …' should fail "
+        f"before the stream with {expected} carrying the whole text; got {outcome}",
+    )
+
+
+@covers("TRN-038", "TRN-012")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize("sent", ["whole", "declared-only"])
+def test_an_ack_over_its_bound_ends_its_connection(target: Target, sent: str) -> None:
+    """One byte over, whether the worker sends the bytes or only declares them: the caller
+    reads no further, fails the request ``Disconnected`` naming ``ack.len`` at once, and
+    the worker's next request is served on a new connection."""
+    text = UNAVAILABLE_ACK + b"x" * (ACK_LIMIT + 1 - len(UNAVAILABLE_ACK))
+    worker = target.add_worker()
+    script = WriteAck(text) if sent == "whole" else WriteAck(b"", length=len(text))
+    target.script_worker(worker, script)
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-038")
+    require(
+        "TRN-038",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and shows(outcome.error, ("Disconnected",))
+        and "ack.len" in outcome.error.links[0][1],
+        f"an ACK declaring {len(text)} bytes ({sent}), over the 65,536-byte limit, should "
+        f"fail its request before the stream with Disconnected naming ack.len; got {outcome}",
+    )
+    target.script_worker(worker, Serve(1))
+    after = finished(target, target.submit(Direct(worker)), "TRN-012")
+    require(
+        "TRN-012",
+        after.error is None and indices(after) == [0],
+        f"after the overlong ACK, worker {worker}'s next request should be served; got {after}",
+    )
+
+
+@covers("TRN-038", "TRN-004")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+def test_an_ack_that_is_not_utf8_is_read_with_replacements(target: Target) -> None:
+    worker = target.add_worker()
+    target.script_worker(worker, WriteAck(b"Server overloaded: queue \xff full"))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-038")
+    expected = oracle.REJECTION_TYPES[True]
+    require(
+        "TRN-038",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and shows(outcome.error, (expected,))
+        and "queue \ufffd full" in outcome.error.links[0][1],
+        f"an ACK 'Server overloaded: queue <0xff> full' should fail before the stream with "
+        f"{expected}, its text read with U+FFFD for the byte that is not UTF-8; got {outcome}",
     )
 
 

@@ -21,7 +21,14 @@ from routespec.testing.scripted import (
     ScriptedWorker,
     WireFaultMarker,
 )
-from routespec.testing.target import Misbehave, Silent, SilentStage, WireFault, WritePrologue
+from routespec.testing.target import (
+    Misbehave,
+    Silent,
+    SilentStage,
+    WireFault,
+    WriteAck,
+    WritePrologue,
+)
 from routespec.transport.codecs import PayloadCodec, encode_json
 from routespec.transport.connection import (
     CONNECTION_ERRORS,
@@ -32,6 +39,7 @@ from routespec.transport.connection import (
 from routespec.transport.control import ControlMessage, parse_control
 from routespec.transport.frame_writer import FrameWriter
 from routespec.transport.frames import (
+    ACK_PREFIX,
     TWO_PART_PREFIX,
     TwoPart,
     WireProtocolError,
@@ -64,7 +72,11 @@ class DrillWorkerServer(WorkerServer):
     async def _accept(
         self, connection: FramedConnection, path: str, payload: bytes, reuse: bool = False
     ) -> None:
-        worker = silent_at(self._handlers.get(path), SilentStage.ACK)
+        handler = self._handlers.get(path)
+        if isinstance(handler, ScriptedWorker) and isinstance(handler.script, WriteAck):
+            await self._write_ack(connection, handler.script)
+            return
+        worker = silent_at(handler, SilentStage.ACK)
         if worker is not None:
             try:
                 control = parse_control(decode_two_part(payload).header)
@@ -74,6 +86,10 @@ class DrillWorkerServer(WorkerServer):
                 worker.arrived(Request(control.request_id, None, control.metadata))
                 await worker.silence(control.request_id)  # read, not answered
         await super()._accept(connection, path, payload, reuse)
+
+    async def _write_ack(self, connection: FramedConnection, ack: WriteAck) -> None:
+        length = len(ack.text) if ack.length is None else ack.length
+        await connection.send(ACK_PREFIX.pack(length) + ack.text)
 
     async def _respond(
         self,

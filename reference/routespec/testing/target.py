@@ -208,6 +208,16 @@ class WritePrologue:
 
 
 @attrs.frozen
+class WriteAck:
+    """Answer with an ACK whose text is the bytes ``text``, its ``u32`` prefix declaring
+    ``length`` (None: the text's true length), and nothing more: no response stream follows
+    (wire targets only, Capability.SCRIPT_WIRE_FAULTS)."""
+
+    text: bytes
+    length: int | None = None
+
+
+@attrs.frozen
 class CancelThenFail:
     """Yield ``items`` data items, then a terminal frame (``finish_reason: "cancelled"``),
     then one error item: an engine shutting down under a request."""
@@ -282,6 +292,7 @@ WorkerScript = (
     | WriteErrorItem
     | WriteFrame
     | WritePrologue
+    | WriteAck
     | CancelThenFail
     | TerminalThen
     | TerminalFlood

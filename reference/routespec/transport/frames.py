@@ -12,7 +12,7 @@ import attrs
 
 MAX_CONTROL_BYTES = 128 * 1024  # TRN-002
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # a request message or a response frame
-MAX_ACK_BYTES = 64 * 1024
+MAX_ACK_BYTES = 64 * 1024  # TRN-038
 
 TWO_PART_PREFIX = struct.Struct(">QQQ")  # header_len, body_len, checksum
 ACK_PREFIX = struct.Struct(">I")

@@ -55,6 +55,7 @@ class WorkerConnection:
         self._wake = trio.Event()
         self._last_ack = trio.current_time()
         self._unsent = b""  # what a write made without waiting left for the writer task
+        self._broken_by = ""  # the wire fault that ended the connection, if one did
 
     async def send(self, message: bytes, ack_timeout: float = DEFAULT_ACK_TIMEOUT) -> str:
         """Queue one request and return its ACK text; ``ConnectionTimeout`` once neither it
@@ -83,7 +84,8 @@ class WorkerConnection:
         if waiter.ack is None:  # the connection ended first: Disconnected at once (TRN-033)
             raise RoutingError(
                 ErrorKind.DISCONNECTED,
-                f"TCP connection to {self.address} closed before the request was acknowledged",
+                f"TCP connection to {self.address} closed before the request was acknowledged"
+                + self._broken_by,
             )
         return waiter.ack
 
@@ -135,7 +137,9 @@ class WorkerConnection:
                 waiter = self._waiting.popleft()  # an abandoned request's ACK ends here
                 waiter.ack = ack
                 waiter.done.set()
-        except (WireProtocolError, IndexError, *CONNECTION_ERRORS):
+        except WireProtocolError as fault:  # TRN-038: the fault names its field
+            self._broken_by = f": the worker's ACK broke the wire ({fault})"
+        except (IndexError, *CONNECTION_ERRORS):
             pass
         finally:
             self.open = False
