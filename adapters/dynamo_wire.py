@@ -11,7 +11,7 @@ type Python has no class for, broken frames).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -135,6 +135,16 @@ class DynamoWireTarget(DynamoClientTarget):
     def worker_bytes(self, worker_id: int) -> int:
         return sum(self._workers[worker_id].server.bytes_received.values())
 
+    def control_message(self, request_id: str) -> Mapping[str, object] | None:
+        """As the real client wrote it, under Dynamo's own request id."""
+        for dynamo_id, suite_id in self._suite_ids().items():
+            if suite_id != request_id or not isinstance(dynamo_id, str):
+                continue
+            for worker in self._workers.values():
+                if (control := worker.server.control_messages.get(dynamo_id)) is not None:
+                    return control
+        return None
+
     # what the suite sees
 
     def deliveries(self) -> Sequence[Delivery]:
@@ -183,6 +193,7 @@ CAPABILITIES = frozenset(
         Capability.SCRIPT_REJECTION,
         Capability.SCRIPT_WIRE_FAULTS,
         Capability.OBSERVE_WORKER_BYTES,
+        Capability.OBSERVE_CONTROL_MESSAGE,
         Capability.SCRIPT_SILENCE,  # silent at CONNECT: listed at a black hole
         Capability.REAL_CLOCK,
     }

@@ -144,6 +144,7 @@ class Cluster(Protocol):
 
     def announce_removal(self, worker_id: int, removed: bool) -> None: ...
     def worker_bytes(self, worker_id: int) -> int: ...
+    def control_message(self, request_id: str) -> Mapping[str, object] | None: ...
     async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
     def worker_path(self, worker_id: int) -> str: ...
     def reused_streams(self, worker_id: int) -> int:
@@ -198,6 +199,9 @@ class InProcessCluster:
 
     def worker_bytes(self, worker_id: int) -> int:
         raise NotImplementedError("in-process workers receive objects, not bytes")
+
+    def control_message(self, request_id: str) -> Mapping[str, object] | None:
+        raise NotImplementedError("in-process workers read no control message")
 
     async def send_raw(self, worker_id: int | None, data: bytes) -> None:
         raise NotImplementedError("in-process workers have no ports")
@@ -641,6 +645,12 @@ class ReferenceTarget:
     def worker_bytes(self, worker_id: int) -> int:
         return self._cluster.worker_bytes(worker_id)
 
+    def control_message(self, request_id: str) -> Mapping[str, object] | None:
+        async def read() -> Mapping[str, object] | None:
+            return self._cluster.control_message(request_id)
+
+        return self._portal.call(read)
+
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         self._portal.call(lambda: self._cluster.send_raw(worker_id, data))
 
@@ -695,6 +705,7 @@ WIRE_ONLY = frozenset(
         Capability.ANNOUNCE_REMOVAL,
         Capability.KILL_WORKER_PROCESS,
         Capability.OBSERVE_WORKER_BYTES,
+        Capability.OBSERVE_CONTROL_MESSAGE,
         Capability.WIRE_TRANSPORT,
         Capability.RESPONSE_REUSE,
         Capability.WORKER_LIMITS,

@@ -15,7 +15,7 @@ import itertools
 import resource
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 import trio
@@ -265,6 +265,13 @@ class TcpCluster:
         if worker_id in self._processes:
             raise NotImplementedError("a worker process does not share its byte counts")
         return sum(self._servers[worker_id].bytes_received.values())
+
+    def control_message(self, request_id: str) -> Mapping[str, object] | None:
+        """Read by a worker served in this process (a worker process keeps its own)."""
+        for server in self._servers.values():
+            if (control := server.control_messages.get(request_id)) is not None:
+                return control
+        return None
 
     async def send_raw(self, worker_id: int | None, data: bytes) -> None:
         if worker_id is None:

@@ -123,6 +123,97 @@ def test_an_accepted_request_streams_its_items(
     )
 
 
+# The control message a Dynamo 1.6.1 caller writes (TRN-001): its fields, and the stream
+# address's, which travel as a JSON string in ``connection_info.info``.
+STREAM_TYPES = {"connection_info": "response", "request_stream_connection_info": "request"}
+
+
+def control_faults(
+    control: object, streams: tuple[str, ...], metadata: Mapping[str, str] | None
+) -> list[str]:
+    """What in ``control`` is not a Dynamo control message with these stream fields."""
+    if not isinstance(control, dict):
+        return [f"no control message was read: {control!r}"]
+    faults = []
+    many_in = "request_stream_connection_info" in streams
+    wanted = {
+        "request_type": "many_in" if many_in else "single_in",
+        "response_type": "many_out",
+    }
+    faults += [
+        f"{k} is {control.get(k)!r}, not {v!r}" for k, v in wanted.items() if control.get(k) != v
+    ]
+    if not isinstance(control.get("id"), str) or not control["id"]:
+        faults.append(f"id is {control.get('id')!r}, not a request id")
+    if control.get("payload_codec") not in ("msgpack", "json"):
+        faults.append(f"payload_codec is {control.get('payload_codec')!r}")
+    carried = control.get("metadata")
+    if metadata and not (
+        isinstance(carried, dict) and all(carried.get(k) == v for k, v in metadata.items())
+    ):  # the caller may add entries of its own (the reference adapter marks its target)
+        faults.append(f"metadata is {carried!r}, without {metadata!r}")
+    for name in streams:
+        connection = control.get(name)
+        if not isinstance(connection, dict) or connection.get("transport") != "tcp_server":
+            faults.append(f"{name} is {connection!r}, not a tcp_server connection")
+            continue
+        text = connection.get("info")
+        try:
+            info = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            info = None
+        if not isinstance(info, dict):
+            faults.append(f"{name}.info is {connection.get('info')!r}, not a JSON object")
+            continue
+        if info.get("stream_type") != STREAM_TYPES[name]:
+            faults.append(f"{name}.info.stream_type is {info.get('stream_type')!r}")
+        address = info.get("address")
+        if not isinstance(address, str) or not address.rpartition(":")[2].isdigit():
+            faults.append(f"{name}.info.address is {address!r}, not host:port")
+        if not isinstance(info.get("subject"), str) or not info["subject"]:
+            faults.append(f"{name}.info.subject is {info.get('subject')!r}")
+        if info.get("context") != control.get("id"):  # Dynamo's: the request's id
+            faults.append(f"{name}.info.context is {info.get('context')!r}, not the id")
+    return faults
+
+
+@covers("TRN-001")
+@requires(Capability.DIRECT, Capability.OBSERVE_CONTROL_MESSAGE)
+@pytest.mark.parametrize("metadata", [None, {"trace": "t1", "tenant": "a"}], ids=["none", "given"])
+def test_the_control_message_is_dynamos(target: Target, metadata: dict[str, str] | None) -> None:
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(1))
+    request = target.submit(Direct(worker), metadata=metadata)
+    finished(target, request, "TRN-001")
+    control = target.control_message(request)
+    faults = control_faults(control, ("connection_info",), metadata)
+    require(
+        "TRN-001",
+        not faults,
+        f"the control message worker {worker} read for {request} should be Dynamo's "
+        f"(single_in, many_out, a response stream address): {'; '.join(faults)}",
+        actual=repr(control),
+    )
+
+
+@covers("TRN-001", "TRN-020")
+@requires(Capability.BIDIRECTIONAL, Capability.OBSERVE_CONTROL_MESSAGE)
+def test_a_bidirectional_control_message_names_both_streams(target: Target) -> None:
+    target.add_worker()
+    request = target.submit(Bidirectional("round-robin", 2))
+    finished(target, request, "TRN-001")
+    control = target.control_message(request)
+    streams = ("connection_info", "request_stream_connection_info")
+    faults = control_faults(control, streams, None)
+    require(
+        "TRN-001",
+        not faults,
+        f"the control message of the bidirectional {request} should be Dynamo's (many_in, "
+        f"many_out, a response and a request stream address): {'; '.join(faults)}",
+        actual=repr(control),
+    )
+
+
 # --- TRN-002 ---
 
 

@@ -49,6 +49,7 @@ from routespec.transport.response_pool import ResponsePool
 from routespec.transport.worker_server import (
     PROLOGUE_OK,
     SENTINEL_FRAME,
+    WorkerLimits,
     WorkerServer,
     _await_release,
     _dial,
@@ -69,9 +70,16 @@ def silent_at(handler: WorkerHandler | None, stage: SilentStage) -> ScriptedWork
 
 
 class DrillWorkerServer(WorkerServer):
+    def __init__(
+        self, host: str = LOOPBACK, port: int = 0, limits: WorkerLimits | None = None
+    ) -> None:
+        super().__init__(host, port, limits)
+        self.control_messages: dict[str, dict[str, object]] = {}  # by request id, as read
+
     async def _accept(
         self, connection: FramedConnection, path: str, payload: bytes, reuse: bool = False
     ) -> None:
+        self._record_control(payload)
         handler = self._handlers.get(path)
         if isinstance(handler, ScriptedWorker) and isinstance(handler.script, WriteAck):
             await self._write_ack(connection, handler.script)
@@ -86,6 +94,14 @@ class DrillWorkerServer(WorkerServer):
                 worker.arrived(Request(control.request_id, None, control.metadata))
                 await worker.silence(control.request_id)  # read, not answered
         await super()._accept(connection, path, payload, reuse)
+
+    def _record_control(self, payload: bytes) -> None:
+        try:
+            control = json.loads(decode_two_part(payload).header)
+        except (WireProtocolError, ValueError):
+            return  # the server's own handling answers a broken request
+        if isinstance(control, dict) and isinstance(control.get("id"), str):
+            self.control_messages[control["id"]] = control
 
     async def _write_ack(self, connection: FramedConnection, ack: WriteAck) -> None:
         length = len(ack.text) if ack.length is None else ack.length

@@ -43,6 +43,7 @@ class Capability(enum.Enum):
     KILL_WORKER_PROCESS = "cluster:kill-worker-process"
     OBSERVE_INFLIGHT = "observe:transport-inflight"
     OBSERVE_WORKER_BYTES = "observe:worker-bytes"
+    OBSERVE_CONTROL_MESSAGE = "observe:control-message"
     OBSERVE_ERROR_TYPES = "observe:error-types"
     WIRE_TRANSPORT = "transport:dynamo-wire"
     FIRST_RESPONSE_GUARD = "call:first-response-guard"
@@ -858,6 +859,12 @@ class Target(Protocol):
 
     def worker_bytes(self, worker_id: int) -> int:
         """Request-plane bytes the worker has received (Capability.OBSERVE_WORKER_BYTES)."""
+        ...
+
+    def control_message(self, request_id: str) -> Mapping[str, object] | None:
+        """The control message a worker read for ``request_id``, its JSON header decoded
+        (``connection_info.info`` stays the string it is on the wire), or None if no worker
+        read one (Capability.OBSERVE_CONTROL_MESSAGE)."""
         ...
 
     def send_raw(self, worker_id: int | None, data: bytes) -> None:

@@ -90,6 +90,9 @@ class Unsupported:
     def worker_bytes(self, worker_id: int) -> int:
         _lacks(Capability.OBSERVE_WORKER_BYTES)
 
+    def control_message(self, request_id: str) -> Mapping[str, object] | None:
+        _lacks(Capability.OBSERVE_CONTROL_MESSAGE)
+
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         _lacks(Capability.WIRE_TRANSPORT)
 
