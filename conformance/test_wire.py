@@ -270,6 +270,11 @@ FOREIGN_ITEMS = {
         {"error_type": "Disconnected", "class": "Unavailable", "reason": 5, "message": "n"},
         (("Disconnected", "n"),),
     ),
+    "unknown-type-list-reason": (
+        {"error_type": "EngineHalted", "class": "Unavailable",
+         "reason": ["backend.engine_shutdown"], "message": "u"},
+        ((None, "u"),),
+    ),
 }  # fmt: skip
 
 
