@@ -178,6 +178,50 @@ def test_an_error_item_is_written_in_dynamos_shape(
     )
 
 
+@covers("TRN-039")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+@pytest.mark.parametrize("items", [0, 3])
+def test_a_response_stream_is_written_in_dynamos_frames(target: Target, items: int) -> None:
+    """Read off the wire: the handshake, the accepting prologue, one body-only frame per
+    item, the final frame and the sentinel, every checksum 0."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(items))
+    frames = stream_of(target, worker, "frames")
+    headers = [json.loads(header) if header else None for _, header, _ in frames]
+    bodies = [msgpack.unpackb(body, raw=False) if body else None for _, _, body in frames]
+    data = [body["data"] if isinstance(body, dict) else None for body in bodies[2:-2]]
+    shaped = (
+        len(frames) == items + 4
+        and all(checksum == 0 for checksum, _, _ in frames)
+        and headers[0] == {"subject": "frames", "stream_type": "response"}
+        and bodies[0] is None
+        and headers[1] == {"error": None}
+        and bodies[1] is None
+        and all(header is None for header in headers[2:-1])
+        and all(
+            body == {"data": item, "complete_final": False}
+            for body, item in zip(bodies[2:-2], data, strict=True)
+        )
+        and [item.get("data", {}).get("index") if isinstance(item, dict) else None for item in data]
+        == list(range(items))
+        and bodies[-2] == {"complete_final": True}
+        and frames[-1][1:] == (SENTINEL, b"")
+    )
+    require(
+        "TRN-039",
+        shaped,
+        f"worker {worker} served {items} items: its stream should be the handshake, "
+        '{"error": null}, one {"data": {"data": item}, "complete_final": false} per item, '
+        '{"complete_final": true} and the sentinel, every checksum 0',
+        actual=repr(
+            [
+                (checksum, header, body)
+                for (checksum, _, _), header, body in zip(frames, headers, bodies, strict=True)
+            ]
+        ),
+    )
+
+
 @covers("TRN-007")
 @requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
 def test_a_slow_reader_gets_the_whole_stream(target: Target) -> None:

@@ -120,6 +120,7 @@ class WorkerLimits:
     dial_back: DialBackPolicy = attrs.field(factory=DialBackPolicy)
 
 
+# An item's frame and the final one, as Dynamo writes them (TRN-039).
 def data_frame(codec: PayloadCodec, annotated: dict[str, object]) -> bytes:
     return TwoPart(body=codec.encode({"data": annotated, "complete_final": False})).encode()
 
