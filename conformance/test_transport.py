@@ -42,6 +42,7 @@ from routespec.testing.target import (
     Adapter,
     Bidirectional,
     Capability,
+    Crash,
     Direct,
     ErrorSpec,
     FailBeforeStream,
@@ -1621,6 +1622,38 @@ def test_no_failure_escapes_a_connection(
         outcome.error is None and indices(outcome) == [0, 1],
         f"a stream open while {len(sweep) + len(noise)} hostile connections came should "
         f"complete with items [0, 1]: {outcome}",
+    )
+    serves_again(target, worker, "TRN-023")
+
+
+HANDLER_FAULTS = {  # what the error item's message must hold (None: any text)
+    "one": (("boom",), "RuntimeError: boom"),
+    "a-group": (("first", "second"), None),
+}
+
+
+@covers("TRN-023")
+@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("fault", list(HANDLER_FAULTS))
+def test_a_handlers_exception_is_a_backend_unknown_error_item(target: Target, fault: str) -> None:
+    """A handler that raises a plain exception after two items (or a group of them): the
+    caller reads the items, then one error item ``Backend(Unknown)`` (class Internal), and
+    the worker serves the next request."""
+    messages, text = HANDLER_FAULTS[fault]
+    worker = target.add_worker()
+    target.script_worker(worker, Crash(2, messages))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-023")
+    require(
+        "TRN-023",
+        indices(outcome) == [0, 1]
+        and outcome.error is not None
+        and not outcome.error.pre_stream
+        and shows(outcome.error, ("Backend(Unknown)",))
+        and (text is None or text in outcome.error.links[0][1]),
+        f"worker {worker}'s handler raised RuntimeError{messages} after two items: the caller "
+        f"should read both, then one Backend(Unknown) error item"
+        + ("" if text is None else f" naming {text!r}")
+        + f"; got {outcome}",
     )
     serves_again(target, worker, "TRN-023")
 

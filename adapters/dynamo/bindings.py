@@ -41,6 +41,7 @@ from routespec.adapters.dynamo.wire_access import (
 )
 from routespec.testing.target import (
     Capability,
+    Crash,
     Delivery,
     FailBeforeStream,
     FailMidStream,
@@ -163,6 +164,8 @@ class DynamoTarget(DynamoClientTarget):
             encoded = {"kind": "serve", "items": script.items}
         elif isinstance(script, Stall):
             encoded = {"kind": "stall", "items": script.items, "items_after": script.items_after}
+        elif isinstance(script, Crash):
+            encoded = {"kind": "crash", "items": script.items, "messages": list(script.messages)}
         elif isinstance(script, FailBeforeStream | FailMidStream):
             raised = render(script)  # or SKIP: a script no Python handler can play
             encoded = {"raise": raised.name, "message": raised.message}

@@ -9,7 +9,8 @@ N}`` once the script applies), ``{"op": "release"}`` and ``{"op": "remove"}``.
 
 Scripts: ``serve`` (``items``), ``stall`` (``items``, ``items_after``), ``fail_before`` and
 ``fail_mid`` (``items``), the last two with ``raise`` (a class of ``dynamo._core`` in
-``RAISABLE``, or null for a plain ``Exception``) and ``message``.
+``RAISABLE``, or null for a plain ``Exception``) and ``message``; ``crash`` (``items``,
+``messages``) raises plain ``RuntimeError``s, one or a group.
 
 The handler is a plain callable returning an async generator, as ``serve_endpoint`` allows:
 an exception raised by the call itself is a failure before the response stream (Dynamo sends
@@ -85,6 +86,10 @@ class ScriptedHandler:
             yield {"worker": self.worker_id, "request": rid, "index": index}
         if script.get("kind") == "fail_mid":
             raise failure(script)
+        if script.get("kind") == "crash":  # plain exceptions, as a handler's own fault
+            messages = script.get("messages")
+            faults = [RuntimeError(str(m)) for m in messages] if isinstance(messages, list) else []
+            raise faults[0] if len(faults) == 1 else ExceptionGroup("handler", faults)
         if script.get("kind") == "stall":
             emit({"op": "stalled", "rid": rid})
             await release.wait()

@@ -245,6 +245,13 @@ def is_migration_sensitive(error: BaseException) -> bool:
     return any(is_blocking_link(link) for link in typed_links(error))
 
 
+def one_line(error: BaseException) -> str:
+    """``Type: message`` on one line, each leaf of an exception group in turn."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(one_line(leaf) for leaf in error.exceptions)
+    return " ".join(f"{type(error).__name__}: {error}".split())[:500]
+
+
 def type_of_reason(reason: object) -> ErrorType | None:
     """The type whose default reason is ``reason``: how a link that names only a reason
     (a newer runtime's canonical class) keeps its meaning."""

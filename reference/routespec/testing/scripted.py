@@ -11,6 +11,7 @@ from routespec.errors import RoutingError, parse_type_label
 from routespec.routing.streaming import Rejection, RejectionKind, Request, RequestStream
 from routespec.testing.target import (
     CancelThenFail,
+    Crash,
     Delivery,
     ErrorSpec,
     FailBeforeStream,
@@ -140,6 +141,9 @@ class ScriptedWorker:
             yield self._item(request, index, tokens, last=index == total - 1)
         if isinstance(script, FailMidStream):
             raise build_error(script.error)
+        if isinstance(script, Crash):
+            faults = [RuntimeError(message) for message in script.messages]
+            raise faults[0] if len(faults) == 1 else ExceptionGroup("handler", faults)
         if isinstance(script, CancelThenFail):
             yield self._terminal(request_id, "cancelled")
             raise build_error(script.error)

@@ -136,6 +136,16 @@ class FailMidStream:
 
 
 @attrs.frozen
+class Crash:
+    """Yield ``items`` data items, then raise plain ``RuntimeError(message)``s, not typed
+    errors: one, or for two or more messages an ``ExceptionGroup`` of them (a handler's own
+    fault)."""
+
+    items: int
+    messages: tuple[str, ...] = ("boom",)
+
+
+@attrs.frozen
 class Stall:
     """Yield ``items`` data items, then wait until released, then yield ``items_after`` more."""
 
@@ -287,6 +297,7 @@ WorkerScript = (
     Serve
     | FailBeforeStream
     | FailMidStream
+    | Crash
     | Stall
     | Reject
     | Misbehave

@@ -8,7 +8,7 @@ import attrs
 import trio
 
 from routespec.discovery.instances import Instance
-from routespec.errors import ErrorKind, RoutingError
+from routespec.errors import BackendKind, ErrorKind, RoutingError, one_line
 from routespec.routing.streaming import (
     STREAM_ENDED_EARLY,
     Annotated,
@@ -109,6 +109,9 @@ class InProcessStream:
                 except RoutingError as error:
                     self._finish()
                     return Annotated(error=error)
+                except Exception as error:  # TRN-023: the handler's fault ends its stream
+                    self._finish()
+                    return Annotated(error=RoutingError(BackendKind.UNKNOWN, one_line(error)))
                 finally:
                     self._read_scope = None
         if not self._severed:

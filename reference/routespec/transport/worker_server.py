@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from routespec.errors import BackendKind, ErrorKind, RoutingError
+from routespec.errors import BackendKind, ErrorKind, RoutingError, one_line
 from routespec.routing.streaming import (
     Rejection,
     RejectionKind,
@@ -138,13 +138,6 @@ def prologue_error(error: RoutingError) -> bytes:
     """A prologue that fails the request before its first item with ``error`` (TRN-005)."""
     prologue = {"error": str(error), "typed_error": encode_error(error)}
     return TwoPart(header=encode_json(prologue)).encode()
-
-
-def one_line(error: BaseException) -> str:
-    """``Type: message`` on one line, each leaf of an exception group in turn."""
-    if isinstance(error, BaseExceptionGroup):
-        return "; ".join(one_line(leaf) for leaf in error.exceptions)
-    return " ".join(f"{type(error).__name__}: {error}".split())[:500]
 
 
 class WorkerServer:
