@@ -63,6 +63,18 @@ def shows(error: ObservedError | None, chain: Sequence[str | None]) -> bool:
     return error.error_class == oracle.classify(chain)[0]
 
 
+def refused_before_stream(outcome: Outcome, label: str, text: str | None = None) -> bool:
+    """The request failed before any stream with exactly the typed link ``label`` (see
+    ``shows``), its outer message holding ``text`` if given."""
+    error = outcome.error
+    return (
+        error is not None
+        and error.pre_stream
+        and shows(error, (label,))
+        and (text is None or text in error.links[0][1])
+    )
+
+
 def shows_outer(error: ObservedError | None, label: str) -> bool:
     """The outermost link has type ``label`` (or, class-only, that type's class)."""
     if error is None:

@@ -34,6 +34,7 @@ from routespec.conformance.scenario import (
     MODE_CAPABILITY,
     finished,
     reached,
+    refused_before_stream,
     shows,
     shows_outer,
     spec_of,
@@ -261,10 +262,7 @@ def test_a_rejection_ack_is_a_typed_worker_failure(target: Target, overloaded: b
     expected = oracle.REJECTION_TYPES[overloaded]
     require(
         "TRN-004",
-        outcome.error is not None
-        and outcome.error.pre_stream
-        and shows(outcome.error, (expected,))
-        and "queue full" in outcome.error.links[0][1],
+        refused_before_stream(outcome, expected, "queue full"),
         f"a {'Server overloaded' if overloaded else 'Server unavailable'} ACK should fail "
         f"before the stream with {expected} carrying the worker's text; got {outcome}",
     )
@@ -288,10 +286,7 @@ def test_an_ack_at_its_bound_is_read_whole(target: Target) -> None:
     expected = oracle.REJECTION_TYPES[False]
     require(
         "TRN-038",
-        outcome.error is not None
-        and outcome.error.pre_stream
-        and shows(outcome.error, (expected,))
-        and "xxxxxxxx" in outcome.error.links[0][1],
+        refused_before_stream(outcome, expected, "xxxxxxxx"),
         f"an ACK of {len(text)} bytes (the limit) saying 'Server unavailable: …' should fail "
         f"before the stream with {expected} carrying the whole text; got {outcome}",
     )
@@ -311,10 +306,7 @@ def test_an_ack_over_its_bound_ends_its_connection(target: Target, sent: str) ->
     outcome = finished(target, target.submit(Direct(worker)), "TRN-038")
     require(
         "TRN-038",
-        outcome.error is not None
-        and outcome.error.pre_stream
-        and shows(outcome.error, ("Disconnected",))
-        and "ack.len" in outcome.error.links[0][1],
+        refused_before_stream(outcome, "Disconnected", "ack.len"),
         f"an ACK declaring {len(text)} bytes ({sent}), over the 65,536-byte limit, should "
         f"fail its request before the stream with Disconnected naming ack.len; got {outcome}",
     )
@@ -336,10 +328,7 @@ def test_an_ack_that_is_not_utf8_is_read_with_replacements(target: Target) -> No
     expected = oracle.REJECTION_TYPES[True]
     require(
         "TRN-038",
-        outcome.error is not None
-        and outcome.error.pre_stream
-        and shows(outcome.error, (expected,))
-        and "queue \ufffd full" in outcome.error.links[0][1],
+        refused_before_stream(outcome, expected, "queue \ufffd full"),
         f"an ACK 'Server overloaded: queue <0xff> full' should fail before the stream with "
         f"{expected}, its text read with U+FFFD for the byte that is not UTF-8; got {outcome}",
     )

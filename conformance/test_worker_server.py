@@ -17,7 +17,7 @@ import pytest
 
 from routespec.conformance import oracle
 from routespec.conformance.checks import covers, require, requires
-from routespec.conformance.scenario import finished, shows
+from routespec.conformance.scenario import finished, refused_before_stream, shows
 from routespec.conformance.test_response_reuse import (
     RELEASE,
     WAIT,
@@ -501,9 +501,7 @@ def test_a_draining_worker_refuses_new_requests_and_cuts_late_streams(
     refused = finished(target, target.submit(Direct(worker)), "TRN-037")
     require(
         "TRN-037",
-        refused.error is not None
-        and refused.error.pre_stream
-        and shows(refused.error, (oracle.REJECTION_TYPES[False],)),
+        refused_before_stream(refused, oracle.REJECTION_TYPES[False]),
         f"a request to worker {worker} after it began shutting down should be refused at its "
         f"ACK ({oracle.REJECTION_TYPES[False]}); got {refused}",
     )
