@@ -803,3 +803,33 @@ def test_a_dead_workers_stream_ends_with_disconnected(target: Target, kind: str)
         f"then {outcome.error.describe() if outcome.error else 'a clean end'}, expected a "
         "Disconnected error item",
     )
+
+
+@covers("DSP-015")
+@requires(
+    Capability.DIRECT, Capability.SCRIPT_STALL, Capability.KILL_WORKER, Capability.PACED_READS
+)
+def test_a_worker_dying_between_reads_ends_the_next_read_with_disconnected(
+    target: Target,
+) -> None:
+    """The caller has read one item and is not reading when the worker dies: its next read
+    ends the stream with ``Disconnected`` (after item 1, if that had already arrived)."""
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=2))
+    target.pace_reads(True)
+    request = target.submit(Direct(worker))
+    target.read(request, 1)
+    target.kill_worker(worker)
+    target.read(request, 3)  # what is left of the stream, and its end
+    outcome = finished(target, request, "DSP-015")
+    require(
+        "DSP-015",
+        indexes(outcome.items) in ([0], [0, 1])
+        and outcome.error is not None
+        and not outcome.error.pre_stream
+        and shows_outer(outcome.error, "Disconnected"),
+        f"worker {worker} died while its caller, having read item 0, was not reading: the "
+        f"caller got {indexes(outcome.items)} then "
+        f"{outcome.error.describe() if outcome.error else 'a clean end'}, expected a "
+        "Disconnected error item",
+    )

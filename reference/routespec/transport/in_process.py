@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+import weakref
+from collections.abc import AsyncGenerator
 
 import attrs
 import trio
@@ -14,7 +15,6 @@ from routespec.routing.streaming import (
     Annotated,
     InflightGauge,
     InflightSlot,
-    ReadInterrupted,
     Request,
     WorkerHandler,
     pre_stream_failure,
@@ -27,16 +27,17 @@ class InProcessDispatch:
     ends its open streams with ``Disconnected``."""
 
     _handlers: dict[str, WorkerHandler] = attrs.field(factory=dict)
-    _open: dict[str, set[InProcessStream]] = attrs.field(factory=dict)
+    # Weak: a stream leaves its worker's set when its caller drops it, ended or not.
+    _open: dict[str, weakref.WeakSet[InProcessStream]] = attrs.field(factory=dict)
     inflight: InflightGauge = attrs.field(factory=InflightGauge)
 
     def serve(self, address: str, handler: WorkerHandler) -> None:
         self._handlers[address] = handler
-        self._open.setdefault(address, set())
+        self._open.setdefault(address, weakref.WeakSet())
 
     def kill(self, address: str) -> None:
         del self._handlers[address]
-        for stream in self._open.pop(address, set()):
+        for stream in list(self._open.pop(address, ())):
             stream.sever()
 
     async def generate(self, instance: Instance, request: Request) -> InProcessStream:
@@ -59,7 +60,7 @@ class InProcessDispatch:
         except BaseException:
             slot.close()
             raise
-        stream = InProcessStream(items, self._open[instance.address], slot)
+        stream = InProcessStream(items, slot)
         self._open[instance.address].add(stream)
         return stream
 
@@ -71,25 +72,14 @@ class InProcessDispatch:
 @attrs.define(eq=False)
 class InProcessStream:
     _items: AsyncGenerator[object, None]
-    _registry: set[InProcessStream]
     _slot: InflightSlot
     _read_scope: trio.CancelScope | None = None
     _severed: bool = False
-    _interrupted: bool = False
     _done: bool = False
 
     def sever(self) -> None:
         """The worker died: a pending or later read ends with ``Disconnected`` (DSP-015)."""
         self._severed = True
-        if self._read_scope is not None:
-            self._read_scope.cancel()
-
-    def interrupter(self) -> Callable[[], None]:
-        return self._interrupt
-
-    def _interrupt(self) -> None:
-        # The read's own scope serves both this and sever(): one scope per item, not two.
-        self._interrupted = True
         if self._read_scope is not None:
             self._read_scope.cancel()
 
@@ -99,7 +89,7 @@ class InProcessStream:
     async def __anext__(self) -> Annotated:
         if self._done:
             raise StopAsyncIteration
-        if not self._severed and not self._interrupted:
+        if not self._severed:
             with trio.CancelScope() as self._read_scope:
                 try:
                     return Annotated(data=await self._items.__anext__())
@@ -114,9 +104,7 @@ class InProcessStream:
                     return Annotated(error=RoutingError(BackendKind.UNKNOWN, one_line(error)))
                 finally:
                     self._read_scope = None
-        if not self._severed:
-            raise ReadInterrupted
-        self._finish()
+        self._finish()  # only sever() cancels the read: the worker died (DSP-015)
         return Annotated(error=RoutingError(ErrorKind.DISCONNECTED, STREAM_ENDED_EARLY))
 
     async def aclose(self) -> None:
@@ -125,5 +113,4 @@ class InProcessStream:
 
     def _finish(self) -> None:
         self._done = True
-        self._registry.discard(self)
         self._slot.close()
