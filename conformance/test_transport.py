@@ -1647,6 +1647,31 @@ def test_a_handlers_exception_is_a_backend_unknown_error_item(target: Target, fa
     serves_again(target, worker, "TRN-023")
 
 
+@covers("TRN-023", "TRN-005")
+@requires(Capability.DIRECT, Capability.SCRIPT_FAILURES)
+def test_a_handler_that_fails_to_start_fails_before_the_stream(target: Target) -> None:
+    """A handler whose start raises a plain ``RuntimeError``: the caller gets the failure
+    before any stream, ``CannotConnect`` over ``Backend(Unknown)`` naming the exception, and
+    the worker serves the next request."""
+    worker = target.add_worker()
+    target.script_worker(worker, Crash(0, ("boom",), at_start=True))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-023")
+    seen = outcome.error
+    require(
+        "TRN-023",
+        not outcome.items
+        and seen is not None
+        and seen.pre_stream
+        and shows(seen, ("CannotConnect", "Backend(Unknown)"))
+        and seen.links[0][1].startswith(PRE_STREAM_PREFIX)
+        and "RuntimeError: boom" in seen.links[0][1],
+        f"worker {worker}'s handler raised RuntimeError('boom') from its start: expected "
+        f"CannotConnect {PRE_STREAM_PREFIX!r}… over Backend(Unknown) naming "
+        f"'RuntimeError: boom' before any item; got {outcome}",
+    )
+    serves_again(target, worker, "TRN-023")
+
+
 @covers("TRN-027")
 @requires(Capability.DIRECT, Capability.WIRE_TRANSPORT)
 def test_a_worker_dials_back_only_to_the_request_peer(target: Target) -> None:

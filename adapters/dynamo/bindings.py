@@ -165,7 +165,12 @@ class DynamoTarget(DynamoClientTarget):
         elif isinstance(script, Stall):
             encoded = {"kind": "stall", "items": script.items, "items_after": script.items_after}
         elif isinstance(script, Crash):
-            encoded = {"kind": "crash", "items": script.items, "messages": list(script.messages)}
+            encoded = {
+                "kind": "crash",
+                "items": script.items,
+                "messages": list(script.messages),
+                "at_start": script.at_start,
+            }
         elif isinstance(script, FailBeforeStream | FailMidStream):
             raised = render(script)  # or SKIP: a script no Python handler can play
             encoded = {"raise": raised.name, "message": raised.message}

@@ -10,7 +10,8 @@ N}`` once the script applies), ``{"op": "release"}`` and ``{"op": "remove"}``.
 Scripts: ``serve`` (``items``), ``stall`` (``items``, ``items_after``), ``fail_before`` and
 ``fail_mid`` (``items``), the last two with ``raise`` (a class of ``dynamo._core`` in
 ``RAISABLE``, or null for a plain ``Exception``) and ``message``; ``crash`` (``items``,
-``messages``) raises plain ``RuntimeError``s, one or a group.
+``messages``, ``at_start``) raises plain ``RuntimeError``s, one or a group, from the stream or,
+with ``at_start``, from the call itself.
 
 The handler is a plain callable returning an async generator, as ``serve_endpoint`` allows:
 an exception raised by the call itself is a failure before the response stream (Dynamo sends
@@ -77,6 +78,8 @@ class ScriptedHandler:
         emit({"op": "delivered", "rid": rid})
         if script.get("kind") == "fail_before":
             raise failure(script)
+        if script.get("kind") == "crash" and script.get("at_start"):
+            raise crash(script)
         return self._items(rid, script)
 
     async def _items(self, rid: object, script: dict[str, object]) -> AsyncIterator[object]:
@@ -86,15 +89,20 @@ class ScriptedHandler:
             yield {"worker": self.worker_id, "request": rid, "index": index}
         if script.get("kind") == "fail_mid":
             raise failure(script)
-        if script.get("kind") == "crash":  # plain exceptions, as a handler's own fault
-            messages = script.get("messages")
-            faults = [RuntimeError(str(m)) for m in messages] if isinstance(messages, list) else []
-            raise faults[0] if len(faults) == 1 else ExceptionGroup("handler", faults)
+        if script.get("kind") == "crash":
+            raise crash(script)
         if script.get("kind") == "stall":
             emit({"op": "stalled", "rid": rid})
             await release.wait()
             for index in range(items, items + int(str(script.get("items_after", 1)))):
                 yield {"worker": self.worker_id, "request": rid, "index": index}
+
+
+def crash(script: dict[str, object]) -> Exception:
+    """Plain exceptions, as a handler's own fault."""
+    messages = script.get("messages")
+    faults = [RuntimeError(str(m)) for m in messages] if isinstance(messages, list) else []
+    return faults[0] if len(faults) == 1 else ExceptionGroup("handler", faults)
 
 
 async def main(endpoint_path: str) -> None:

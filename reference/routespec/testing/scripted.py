@@ -116,6 +116,8 @@ class ScriptedWorker:
         script = self.script
         if isinstance(script, FailBeforeStream):
             raise build_error(script.error)
+        if isinstance(script, Crash) and script.at_start:
+            raise _crash(script)
         return self._items(request, script, self._release)
 
     async def _items(
@@ -142,8 +144,7 @@ class ScriptedWorker:
         if isinstance(script, FailMidStream):
             raise build_error(script.error)
         if isinstance(script, Crash):
-            faults = [RuntimeError(message) for message in script.messages]
-            raise faults[0] if len(faults) == 1 else ExceptionGroup("handler", faults)
+            raise _crash(script)
         if isinstance(script, CancelThenFail):
             yield self._terminal(request_id, "cancelled")
             raise build_error(script.error)
@@ -202,3 +203,8 @@ def _token_request(payload: object) -> tuple[int, int] | None:
         return None
     budget = payload.get("max_tokens")
     return len(payload["token_ids"]), budget if isinstance(budget, int) else 16
+
+
+def _crash(script: Crash) -> Exception:
+    faults = [RuntimeError(message) for message in script.messages]
+    return faults[0] if len(faults) == 1 else ExceptionGroup("handler", faults)

@@ -139,10 +139,11 @@ class FailMidStream:
 class Crash:
     """Yield ``items`` data items, then raise plain ``RuntimeError(message)``s, not typed
     errors: one, or for two or more messages an ``ExceptionGroup`` of them (a handler's own
-    fault)."""
+    fault). With ``at_start`` the handler's ``start`` raises them, before any stream."""
 
     items: int
     messages: tuple[str, ...] = ("boom",)
+    at_start: bool = False
 
 
 @attrs.frozen

@@ -57,6 +57,11 @@ class InProcessDispatch:
             except RoutingError as worker_error:
                 failure = self.pre_stream_failure(worker_error)  # TRN-005
                 raise failure from failure.__cause__
+            except Exception as error:  # TRN-023: the handler's own fault
+                failure = self.pre_stream_failure(
+                    RoutingError(BackendKind.UNKNOWN, one_line(error))
+                )
+                raise failure from failure.__cause__
         except BaseException:
             slot.close()
             raise
