@@ -159,6 +159,60 @@ def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> N
     serves_again(target, worker, "TRN-035")
 
 
+OTHER_WORDS = {  # what the caller writes; whether the worker then writes the rest
+    "unknown-word": (frame(b'"pause"'), True),
+    "body-only": (body_frame(b'"kill"'), True),
+    "not-json": (frame(b"{kill"), False),
+}
+
+
+@covers("TRN-040")
+@requires(
+    Capability.RESPONSE_REUSE,
+    Capability.WIRE_TRANSPORT,
+    Capability.SCRIPT_STALL,
+    Capability.MOCK_CLOCK,
+)
+@pytest.mark.parametrize("word", list(OTHER_WORDS))
+def test_a_frame_that_is_no_control_word_leaves_the_stream_alone(target: Target, word: str) -> None:
+    """The handler is stalled after its first item; the caller writes a frame that is no
+    control word, then the handler goes on. An unknown word or a body is ignored: items 1 to
+    3, the final frame and the sentinel follow. A header that is not JSON ends the stream as
+    a ``kill`` does: nothing more is written."""
+    written, goes_on = OTHER_WORDS[word]
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=1, items_after=3))
+    with listening() as listener:
+        stream = opened_stream(target, worker, listener, "other")
+        with stream:
+            stream.sendall(written)
+            target.advance_time(0.0)  # settled: the worker has read it
+            target.release_stalled(worker)
+            late = closing_bytes(stream)
+    seen = None if late is None else frames_of(late)
+    rest = [
+        (
+            b"",
+            {
+                "data": {"data": {"worker": worker, "request": "other", "index": i}},
+                "complete_final": False,
+            },
+        )
+        for i in (1, 2, 3)
+    ]
+    expected = [*rest, (b"", {"complete_final": True}), (SENTINEL, None)] if goes_on else []
+    require(
+        "TRN-040",
+        seen == expected,
+        f"after the caller wrote {written[24:]!r} ({word}) on a stalled stream, worker {worker} "
+        + ("should write the rest of the stream" if goes_on else "should write nothing more"),
+        expected=expected,
+        actual=seen if late is None or seen else late[:200],
+    )
+    target.release_stalled(worker)
+    serves_again(target, worker, "TRN-040")
+
+
 # --- TRN-022, TRN-027: a refusal at the ACK names the field ---
 
 ADDRESS_FIELD = "connection_info.info.address"

@@ -629,6 +629,8 @@ async def _await_release(connection: FramedConnection, pool: ResponsePool) -> No
         pool.release_ended(connection)
 
 
+# TRN-040: a word the watch does not know, or a body (None here), is ignored; a header that
+# is not JSON fails to decode, which ends the stream as a kill does.
 def _control_word(frame: TwoPart) -> object:
     """The control word a caller's frame carries (None for a frame without a header)."""
     if frame.header == REUSE_FRAME_HEADER:  # the usual one: no decoding
