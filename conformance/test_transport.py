@@ -565,24 +565,40 @@ def test_a_broken_frame_ends_the_stream_with_an_error_item(
     serves_again(target, worker, "TRN-012")
 
 
-@covers("TRN-007", "TRN-012", "TRN-015")
+CUT_FRAMES = {  # the part the connection ends in: the frame that declares it too long
+    "two_part.header": WriteFrame(1, header_length=4096),
+    "two_part.body": WriteFrame(1, body='{"data": {"data": 1}}', body_length=4096),
+}
+
+
+@covers("TRN-007", "TRN-012", "TRN-015", "TRN-041")
 @requires(
     Capability.DIRECT,
     Capability.SCRIPT_WIRE_FAULTS,
     Capability.MOCK_CLOCK,
     Capability.OBSERVE_INFLIGHT,
 )
-def test_a_frame_cut_short_ends_the_stream_with_an_error_item(target: Target) -> None:
-    """After one item the worker writes a frame prefix declaring a 4 KiB header and sends
-    only the final frame and sentinel behind it, then closes the connection (TRN-028: at
-    most 1 s after its sentinel): the caller waits for the rest of the frame while the
-    connection is open, and its end inside the frame ends the stream with one error item."""
+@pytest.mark.parametrize("part", list(CUT_FRAMES))
+def test_a_frame_cut_short_ends_the_stream_with_an_error_item(target: Target, part: str) -> None:
+    """After one item the worker writes a frame prefix declaring a 4 KiB header (or body)
+    and sends only the final frame and sentinel behind it, then closes the connection
+    (TRN-028: at most 1 s after its sentinel): the caller waits for the rest of the frame
+    while the connection is open, and its end inside the frame ends the stream with one
+    error item, which names the part it ended in."""
     worker = target.add_worker()
-    target.script_worker(worker, WriteFrame(1, header_length=4096))
+    target.script_worker(worker, CUT_FRAMES[part])
     request = target.submit(Direct(worker))
     target.advance_time(2.0)
     outcome = finished(target, request, "TRN-007")
     ends_with_error(outcome, "TRN-007", "", 1)
+    assert outcome.error is not None
+    message = outcome.error.links[0][1]
+    require(
+        "TRN-041",
+        re.search(rf"(?<![\w.]){re.escape(part)}(?![\w.])", message) is not None,
+        f"worker {worker}'s connection ended inside a frame's {part.split('.')[1]}: the error "
+        f"item should name {part!r}; it says {message!r}",
+    )
     require_equal("TRN-015", target.transport_inflight(), 0, "the cut-short stream still counts")
     serves_again(target, worker, "TRN-012")
 

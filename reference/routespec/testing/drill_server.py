@@ -185,7 +185,8 @@ class DrillWorkerServer(WorkerServer):
             frame = item.frame
             body = b"" if frame.body is None else codec.encode(json.loads(frame.body))
             length = len(frame.header) if frame.header_length is None else frame.header_length
-            await out.write(TWO_PART_PREFIX.pack(length, len(body), 0) + frame.header + body)
+            body_length = len(body) if frame.body_length is None else frame.body_length
+            await out.write(TWO_PART_PREFIX.pack(length, body_length, 0) + frame.header + body)
             return True
         if not isinstance(item, WireFaultMarker):
             return await super().send_item(out, codec, item)

@@ -198,14 +198,16 @@ class WriteErrorItem:
 class WriteFrame:
     """Yield ``items`` data items, then write one two-part frame whose header is the bytes
     ``header`` and whose body is the JSON text ``body`` in the stream's payload codec (None:
-    no body), its prefix declaring ``header_length`` (None: the header's true length) as the
-    header's length, then end the stream as ``Serve`` does: a frame another runtime may write,
-    or bytes no frame should be (wire targets only, Capability.SCRIPT_WIRE_FAULTS)."""
+    no body), its prefix declaring ``header_length`` and ``body_length`` (None: the part's true
+    length) as the parts' lengths, then end the stream as ``Serve`` does: a frame another
+    runtime may write, or bytes no frame should be (wire targets only,
+    Capability.SCRIPT_WIRE_FAULTS)."""
 
     items: int
     header: bytes = b""
     body: str | None = None
     header_length: int | None = None
+    body_length: int | None = None
 
 
 @attrs.frozen

@@ -414,6 +414,7 @@ class FramedConnection:
         await self._fill(count, field)
         return self._take(count)
 
+    # TRN-041: a frame cut short fails naming its part: two_part, .header or .body.
     async def read_two_part(self, limit: int = MAX_MESSAGE_BYTES) -> TwoPart | None:
         self._settle()
         if self._budget is None:  # nothing to charge: a whole buffered frame in one step
