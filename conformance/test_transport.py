@@ -420,6 +420,50 @@ def test_a_prologue_is_read_by_its_fields(target: Target, prologue: tuple[str, s
     )
 
 
+@covers("TRN-027", "TRN-022")
+@requires(Capability.DIRECT, Capability.WIRE_TRANSPORT, Capability.BIDIRECTIONAL)
+def test_a_request_stream_at_another_host_is_never_dialled(target: Target) -> None:
+    """A bidirectional request whose response address is the request's peer but whose
+    request stream is at another address of this machine: the worker dials only the
+    response address, and fails the request there with ``InvalidArgument`` naming the
+    request stream's field."""
+    worker = target.add_worker()
+    with _listener(PEER) as own:
+        try:
+            other = _listener(OTHER_HOST)
+        except OSError:  # no 127.0.0.2 here (not Linux)
+            pytest.skip(f"this host has no second loopback address {OTHER_HOST}")
+        with other:
+            fields = usable_control(f"{PEER}:{own.getsockname()[1]}", "split", many_in=True)
+            _put(
+                fields,
+                (REQUEST_STREAM_FIELD, "info", "address"),
+                f"{OTHER_HOST}:{other.getsockname()[1]}",
+            )
+            target.send_raw(worker, request_message(NO_ENDPOINT, json.dumps(fields).encode(), b""))
+            _, prologue = dialled_back(own, "split")
+            require(
+                "TRN-022",
+                names_invalid_argument(prologue, REQUEST_STREAM_FIELD),
+                f"worker {worker} should fail the request in its prologue with InvalidArgument "
+                f"naming {REQUEST_STREAM_FIELD}; got {prologue!r}",
+            )
+            other.setblocking(False)
+            try:
+                stray, _ = other.accept()
+            except BlockingIOError:
+                stray = None
+            if stray is not None:
+                stray.close()
+            require(
+                "TRN-027",
+                stray is None,
+                f"worker {worker} dialled the request stream at {OTHER_HOST}, which is not "
+                f"the host the request came from ({PEER})",
+            )
+    serves_again(target, worker, "TRN-027")
+
+
 @covers("TRN-006")
 @requires(
     Capability.DIRECT,

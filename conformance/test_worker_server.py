@@ -264,6 +264,68 @@ def test_a_request_without_a_usable_response_address_is_refused_at_its_ack(
     serves_again(target, worker, "TRN-022")
 
 
+def raw_message(path: str, payload: bytes) -> bytes:
+    """A request-plane message whose payload is ``payload`` as is."""
+    encoded = path.encode()
+    return (
+        struct.pack(">H", len(encoded))
+        + encoded
+        + struct.pack(">H", 2)
+        + b"{}"
+        + struct.pack(">I", len(payload))
+        + payload
+    )
+
+
+NOT_TWO_PART = {
+    "shorter-than-its-prefix": b"\x00" * 10,
+    "longer-than-it-declares": struct.pack(">QQQ", 2, 0, 0) + b"{}" + b"left over",
+}
+
+
+@covers("TRN-022")
+@requires(Capability.WORKER_LIMITS)
+@pytest.mark.parametrize("payload", list(NOT_TWO_PART))
+def test_a_payload_that_is_no_two_part_message_is_refused_at_its_ack(
+    target: Target, payload: str
+) -> None:
+    """A request whose payload is not one two-part message has no control message, so no
+    address to fail it at: it is refused at its ACK naming ``two_part``, the connection kept
+    open."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    seen = target.write(connection, raw_message(NO_ENDPOINT, NOT_TWO_PART[payload]))
+    require(
+        "TRN-022",
+        not seen.closed and len(seen.acks) == 1 and refused_naming(seen.acks[0], "two_part"),
+        f"a request whose payload is {payload} should be refused at its ACK with "
+        f"{UNAVAILABLE_ACK}… naming two_part, the connection kept open",
+        expected=f"one ACK {UNAVAILABLE_ACK}unusable request: two_part: …, open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    serves_again(target, worker, "TRN-022")
+
+
+@covers("TRN-022")
+@requires(Capability.WORKER_LIMITS)
+def test_a_request_with_a_usable_address_and_an_unusable_field_is_acked(target: Target) -> None:
+    """An unknown payload codec, but a response address the worker can dial: the request is
+    ACKed with the empty ACK (it fails later, in its prologue), the connection kept open."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    control = {**usable_control(f"{PEER}:9", "codec"), "payload_codec": "cbor"}
+    seen = target.write(connection, request_message(NO_ENDPOINT, json.dumps(control).encode()))
+    require(
+        "TRN-022",
+        not seen.closed and list(seen.acks) == [""],
+        "a request with an unknown payload_codec and a usable response address should be "
+        "ACKed (empty ACK) and fail in its prologue, the connection kept open",
+        expected="one empty ACK, open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    serves_again(target, worker, "TRN-022")
+
+
 @covers("TRN-027")
 @requires(Capability.WORKER_LIMITS)
 def test_a_request_naming_another_host_is_refused_at_its_ack(target: Target) -> None:

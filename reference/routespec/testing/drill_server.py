@@ -77,7 +77,7 @@ class DrillWorkerServer(WorkerServer):
         self.control_messages: dict[str, dict[str, object]] = {}  # by request id, as read
 
     async def _accept(
-        self, connection: FramedConnection, path: str, payload: bytes, reuse: bool = False
+        self, connection: FramedConnection, path: str, payload: bytes, reuse: bool
     ) -> None:
         self._record_control(payload)
         handler = self._handlers.get(path)

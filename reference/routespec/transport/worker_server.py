@@ -259,7 +259,7 @@ class WorkerServer:
             await self._accept(connection, message.path, message.payload, reuse)
 
     async def _accept(
-        self, connection: FramedConnection, path: str, payload: bytes, reuse: bool = False
+        self, connection: FramedConnection, path: str, payload: bytes, reuse: bool
     ) -> None:
         """Check the request, ACK it, and start its response (TRN-022: a request the worker
         cannot use is refused here, or in its prologue, naming the field at fault)."""
