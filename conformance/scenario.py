@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
@@ -73,6 +74,12 @@ def refused_before_stream(outcome: Outcome, label: str, text: str | None = None)
         and shows(error, (label,))
         and (text is None or text in error.links[0][1])
     )
+
+
+def names_field(text: str, field: str) -> bool:
+    """``text`` names ``field`` (a dotted path such as ``ack.len``) as a whole word, not as
+    part of a longer name."""
+    return re.search(rf"(?<![\w.]){re.escape(field)}(?![\w.])", text) is not None
 
 
 def shows_outer(error: ObservedError | None, label: str) -> bool:
