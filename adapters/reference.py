@@ -119,6 +119,10 @@ class Cluster(Protocol):
     def transport(self) -> StreamingDispatch: ...
     @property
     def inflight(self) -> InflightGauge: ...
+    @property
+    def response_connections(self) -> int:
+        """Response connections the caller holds (none in process)."""
+        ...
 
     async def serve(self, worker_id: int, worker: ScriptedWorker) -> str:
         """Start serving ``worker``; returns its transport address."""
@@ -176,6 +180,10 @@ class InProcessCluster:
     @property
     def inflight(self) -> InflightGauge:
         return self.transport.inflight
+
+    @property
+    def response_connections(self) -> int:
+        return 0  # streams are objects here: no connection to hold
 
     async def serve(self, worker_id: int, worker: ScriptedWorker) -> str:
         address = f"inproc://worker-{worker_id}"
@@ -641,6 +649,9 @@ class ReferenceTarget:
 
     def transport_inflight(self) -> int:
         return self._cluster.inflight.count
+
+    def response_connections(self) -> int:
+        return self._cluster.response_connections
 
     def worker_bytes(self, worker_id: int) -> int:
         return self._cluster.worker_bytes(worker_id)

@@ -147,6 +147,10 @@ class TcpCluster:
     def inflight(self) -> InflightGauge:
         return self.transport.inflight
 
+    @property
+    def response_connections(self) -> int:
+        return self.transport.response_connections
+
     async def serve(
         self, worker_id: int, worker: ScriptedWorker, limits: WorkerLimits | None = None
     ) -> str:

@@ -18,7 +18,16 @@ import pytest
 from routespec.conformance.checks import covers, require, require_equal, requires
 from routespec.conformance.scenario import finished
 from routespec.conformance.test_transport import PEER, _exactly, request_message, usable_control
-from routespec.testing.target import Adapter, Capability, Direct, Serve, Target
+from routespec.testing.target import (
+    Adapter,
+    Capability,
+    Direct,
+    Misbehave,
+    Serve,
+    Stall,
+    Target,
+    WireFault,
+)
 
 WAIT = 10.0  # real seconds a check waits for a worker's bytes
 OFFER = '"x-routespec-response-reuse":"1"'
@@ -521,4 +530,73 @@ def test_the_caller_keeps_a_released_connection_until_the_worker_closes_it(
         2,
         f"the stream dialled for after 25 s should be released and reused in turn by worker "
         f"{worker}",
+    )
+
+
+@covers("TRN-042")
+@requires(
+    Capability.RESPONSE_REUSE,
+    Capability.DIRECT,
+    Capability.MOCK_CLOCK,
+    Capability.OBSERVE_INFLIGHT,
+    Capability.SCRIPT_WIRE_FAULTS,
+)
+@pytest.mark.parametrize("closed_by", ["age", "kill"])
+def test_the_caller_holds_nothing_of_a_connection_its_worker_closed(
+    target: Target, closed_by: str
+) -> None:
+    """A stream that never came (its registration given up at the establish deadline) and
+    one the caller dropped (its connection closed, not released) leave nothing held. Then
+    three streams read to their sentinels and released (on two connections: the first two
+    at once, the third on a released one); the worker closes them, by their age (TRN-031)
+    or by dying. Within a second the caller holds none of them."""
+    worker = target.add_worker()
+    target.script_worker(worker, Misbehave(0, WireFault.NO_CALL_HOME))
+    never = target.submit(Direct(worker))
+    target.advance_time(31.0)  # past the establish deadline (TMO-003: 30 s)
+    finished(target, never, "TRN-042")
+    held = target.response_connections()
+    require(
+        "TRN-042",
+        held == 0,
+        f"worker {worker} never dialled back, and the caller gave the stream up; it still "
+        f"holds or waits for {held} response connections",
+    )
+    target.script_worker(worker, Stall(items=1, items_after=1))
+    dropped = target.submit(Direct(worker))
+    target.drop(dropped)  # its connection closed by the caller, not released
+    target.release_stalled(worker)
+    finished(target, dropped, "TRN-042")
+    held = target.response_connections()
+    require(
+        "TRN-042",
+        held == 0,
+        f"the caller dropped a stream of worker {worker}, closing its connection; it still "
+        f"holds {held} response connections",
+    )
+    target.script_worker(worker, Stall(items=1, items_after=1))
+    first, second = target.submit(Direct(worker)), target.submit(Direct(worker))
+    target.release_stalled(worker)
+    for request in (first, second):
+        finished(target, request, "TRN-042")
+    target.script_worker(worker, Serve(1))
+    served(target, worker, 1, "TRN-042")
+    held = target.response_connections()
+    require(
+        "TRN-042",
+        held == 2,
+        f"two streams at once, then a third, all read to their sentinels: the caller should "
+        f"hold worker {worker}'s two released connections, it holds {held}",
+    )
+    if closed_by == "age":
+        target.advance_time(21.0)  # TRN-031: the worker closes them within 1 s past 20 s
+    else:
+        target.kill_worker(worker)
+    target.advance_time(1.0)
+    held = target.response_connections()
+    require(
+        "TRN-042",
+        held == 0,
+        f"worker {worker} closed its released connections ({closed_by}); a second later the "
+        f"caller still holds {held} of them",
     )

@@ -871,6 +871,12 @@ class Target(Protocol):
         """Dispatches the transport counts as in flight (Capability.OBSERVE_INFLIGHT)."""
         ...
 
+    def response_connections(self) -> int:
+        """Response-stream connections the caller holds open or waits on: streams being
+        read and connections released to their workers for reuse (0 for a transport with
+        none; Capability.OBSERVE_INFLIGHT)."""
+        ...
+
     def worker_bytes(self, worker_id: int) -> int:
         """Request-plane bytes the worker has received (Capability.OBSERVE_WORKER_BYTES)."""
         ...

@@ -87,6 +87,9 @@ class Unsupported:
     def transport_inflight(self) -> int:
         _lacks(Capability.OBSERVE_INFLIGHT)
 
+    def response_connections(self) -> int:
+        _lacks(Capability.OBSERVE_INFLIGHT)
+
     def worker_bytes(self, worker_id: int) -> int:
         _lacks(Capability.OBSERVE_WORKER_BYTES)
 

@@ -79,6 +79,14 @@ class ResponsePlane:
         self._pending: dict[str, PendingStream] = {}
         self._handed: set[FramedConnection] = set()  # streams handed over and still open
         self._lent: dict[FramedConnection, trio.Event] = {}  # set when one comes back
+        self._accepted: set[FramedConnection] = set()  # each with its task (``_accept``)
+
+    @property
+    def held(self) -> int:
+        """Connections this plane holds or waits for (TRN-042): each dialled-in one whose
+        task still runs (streams handed over and still open, those released back to their
+        workers), and each registration still waiting for its worker to dial in."""
+        return len(self._accepted | self._handed) + len(self._pending)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
@@ -148,6 +156,7 @@ class ResponsePlane:
         per connection: a released connection comes back to it and waits, without a
         deadline (only the worker gives it up), for its next handshake."""
         released = False
+        self._accepted.add(connection)
         try:
             while self._hand_over(connection, await self._handshake(connection, released)):
                 returned = trio.Event()
@@ -158,6 +167,7 @@ class ResponsePlane:
                 released = True
                 connection.expect_a_wait()  # the worker has not seen the release yet
         finally:
+            self._accepted.discard(connection)
             if connection not in self._handed:  # not a stream's: nobody else closes it
                 connection.close_now()
 

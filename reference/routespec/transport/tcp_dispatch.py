@@ -94,6 +94,11 @@ class TcpDispatch:
                     await dispatch._request_plane.aclose()
 
     @property
+    def response_connections(self) -> int:
+        """Response connections the caller holds (TRN-042)."""
+        return self._response_plane.held
+
+    @property
     def response_address(self) -> str:
         """host:port where workers dial in with response streams."""
         return self._response_plane.address
