@@ -176,14 +176,24 @@ def test_a_released_connection_carries_the_next_stream(target: Target) -> None:
             read_to_sentinel(stream)
 
 
+NOT_RELEASES = {  # what the caller writes after the sentinel, and whether it offered reuse
+    "offered-not-released": (b"", True),
+    "never-offered": (frame(RELEASE), False),  # a release the worker never offered
+    "offered-then-kill": (frame(b'"kill"'), True),
+    "reuse-with-a-body": (struct.pack(">QQQ", len(RELEASE), 2, 0) + RELEASE + b"{}", True),
+}
+
+
 @covers("TRN-028")
 @requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
-@pytest.mark.parametrize("offer", [True, False], ids=["offered-not-released", "never-offered"])
+@pytest.mark.parametrize("after", list(NOT_RELEASES))
 def test_a_connection_not_released_carries_no_other_stream(
-    target: Target, adapter: Adapter, offer: bool
+    target: Target, adapter: Adapter, after: str
 ) -> None:
-    """Offered but not released, or released without an offer: the next stream comes on a
-    connection dialled for it, and nothing more arrives on the first."""
+    """Offered but not released (nothing written, a ``kill``, or a ``reuse`` with a body),
+    or released without an offer: the next stream comes on a connection dialled for it, and
+    nothing more arrives on the first."""
+    written, offer = NOT_RELEASES[after]
     worker = target.add_worker()
     with listening() as listener:
         stream, introduced = first_stream(target, worker, listener, offer=offer)
@@ -194,7 +204,8 @@ def test_a_connection_not_released_carries_no_other_stream(
                     "reuse" not in introduced,
                     f"worker {worker} was not offered reuse, yet its handshake was {introduced}",
                 )
-                stream.sendall(frame(RELEASE))  # a release the worker never offered
+            if written:
+                stream.sendall(written)
             port = listener.getsockname()[1]
             target.send_raw(
                 worker, request(target.worker_path(worker), port, "second", offer=offer)
@@ -207,8 +218,9 @@ def test_a_connection_not_released_carries_no_other_stream(
                     "TRN-028",
                     found is not None and found.get("subject") == "second",
                     f"the first stream's connection was {'offered' if offer else 'not offered'} "
-                    f"and not released; worker {worker} should dial a new connection for the "
-                    f"second stream, but {'none came' if second is None else f'it said {found}'} "
+                    f"and not released ({after}); worker {worker} should dial a new connection "
+                    "for the second stream, but "
+                    f"{'none came' if second is None else f'it said {found}'} "
                     f"within {time.monotonic() - started:.1f} s",
                 )
                 if Capability.MOCK_CLOCK in adapter.capabilities:

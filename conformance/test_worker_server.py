@@ -161,12 +161,13 @@ def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> N
 
 OTHER_WORDS = {  # what the caller writes; whether the worker then writes the rest
     "unknown-word": (frame(b'"pause"'), True),
+    "early-reuse": (frame(RELEASE), True),  # TRN-028: a release before the sentinel is none
     "body-only": (body_frame(b'"kill"'), True),
     "not-json": (frame(b"{kill"), False),
 }
 
 
-@covers("TRN-040")
+@covers("TRN-040", "TRN-028")
 @requires(
     Capability.RESPONSE_REUSE,
     Capability.WIRE_TRANSPORT,
