@@ -17,7 +17,7 @@ import pytest
 
 from routespec.conformance import oracle
 from routespec.conformance.checks import covers, require, requires
-from routespec.conformance.scenario import finished, refused_before_stream, shows
+from routespec.conformance.scenario import finished, names_field, refused_before_stream, shows
 from routespec.conformance.test_response_reuse import (
     RELEASE,
     WAIT,
@@ -429,17 +429,26 @@ def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, b
 # --- TRN-022: the dial-back that fails a request in its prologue ---
 
 
+PROLOGUE_FAILURES = {  # the field at fault: the control message's change, and the body
+    "payload_codec": ({"payload_codec": "no-such-codec"}, b"{}"),
+    "request.body": ({"payload_codec": "json"}, b"{not json"),
+}
+
+
 @covers("TRN-022")
 @requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
-def test_a_prologue_failure_comes_on_a_response_stream(target: Target) -> None:
-    """A request to the worker's own endpoint with an unknown payload codec: the worker
-    dials back introducing a response stream (``{"subject", "stream_type": "response"}``,
-    as for any stream) and fails the request in its prologue with ``InvalidArgument``."""
+@pytest.mark.parametrize("field", list(PROLOGUE_FAILURES))
+def test_a_prologue_failure_comes_on_a_response_stream(target: Target, field: str) -> None:
+    """A request to the worker's own endpoint with an unknown payload codec, or a body its
+    codec cannot decode: the worker dials back introducing a response stream (``{"subject",
+    "stream_type": "response"}``, as for any stream) and fails the request in its prologue
+    with ``InvalidArgument`` naming the field."""
+    change, body = PROLOGUE_FAILURES[field]
     worker = target.add_worker()
     with listening() as listener:
         port = listener.getsockname()[1]
-        control = usable_control(f"{PEER}:{port}", "codec") | {"payload_codec": "no-such-codec"}
-        message = request_message(target.worker_path(worker), json.dumps(control).encode())
+        control = usable_control(f"{PEER}:{port}", "codec") | change
+        message = request_message(target.worker_path(worker), json.dumps(control).encode(), body)
         target.send_raw(worker, message)
         stream = accept(listener)
         require("TRN-022", stream is not None, f"worker {worker} never dialled back")
@@ -452,12 +461,12 @@ def test_a_prologue_failure_comes_on_a_response_stream(target: Target) -> None:
             "TRN-022",
             introduced == {"subject": "codec", "stream_type": "response"}
             and isinstance(prologue.get("error"), str)
-            and "payload_codec" in prologue["error"]
+            and names_field(prologue["error"], field)
             and (typed is None or typed.get("error_type") == "InvalidArgument"),
-            "a request with an unknown payload codec should be failed on a response stream "
-            "whose prologue is InvalidArgument naming payload_codec",
+            f"a request with an unusable {field} should be failed on a response stream "
+            f"whose prologue is InvalidArgument naming {field}",
             expected='handshake {"subject": "codec", "stream_type": "response"}, then a '
-            "prologue InvalidArgument naming payload_codec",
+            f"prologue InvalidArgument naming {field}",
             actual=f"handshake {introduced}, prologue {prologue}",
         )
     serves_again(target, worker, "TRN-022")
