@@ -547,7 +547,8 @@ class ReferenceTarget:
 
     async def _open_stream(self, request: Request, call: Call) -> ItemStream:
         router, prepare = self._router, stamp_prepared_target
-        request = attrs.evolve(request, payload={"call": repr(call)})
+        given = call.payload if isinstance(call, Direct) else None
+        request = attrs.evolve(request, payload={"call": repr(call)} if given is None else given)
         if isinstance(call, HostRoute):
             return await self._require_host().open_stream(request, call)
         if isinstance(call, Migrate):

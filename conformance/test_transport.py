@@ -253,6 +253,38 @@ def test_an_oversized_control_message_is_refused_before_sending(target: Target) 
             )
 
 
+UNENCODABLE = {  # a payload no codec of the wire can write
+    "a-set": {1, 2},
+    "an-int-past-64-bits": 2**70,
+}
+
+
+@covers("TRN-043")
+@requires(Capability.DIRECT, Capability.WIRE_TRANSPORT, Capability.OBSERVE_WORKER_BYTES)
+@pytest.mark.parametrize("payload", list(UNENCODABLE))
+def test_a_payload_the_codec_cannot_encode_fails_before_sending(
+    target: Target, payload: str
+) -> None:
+    """The caller passes a payload the worker's codec cannot encode: the dispatch fails
+    before any stream with ``InvalidArgument`` naming the codec, no byte of it reaches the
+    worker, and the worker serves the next request."""
+    worker = target.add_worker()
+    before = target.worker_bytes(worker)
+    outcome = finished(target, target.submit(Direct(worker, UNENCODABLE[payload])), "TRN-043")
+    require(
+        "TRN-043",
+        refused_before_stream(outcome, "InvalidArgument", "cannot be encoded")
+        and outcome.error is not None
+        and any(codec in outcome.error.links[0][1] for codec in ("msgpack", "json")),
+        f"a request whose payload is {payload} should fail before the stream with "
+        f"InvalidArgument naming the codec; got {outcome}",
+    )
+    require_equal(
+        "TRN-043", target.worker_bytes(worker) - before, 0, "bytes of it reached the worker"
+    )
+    serves_again(target, worker, "TRN-043")
+
+
 # --- TRN-004 ---
 
 

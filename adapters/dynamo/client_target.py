@@ -61,6 +61,13 @@ class DynamoClientTarget(Unsupported):
         if isinstance(call, Generate):
             command["mode"] = MODES[call.mode]
         elif isinstance(call, Direct):
+            if call.payload is not None:
+                import pytest
+
+                pytest.skip(
+                    "dynamo: a caller's own payload is not passed through the client driver "
+                    "yet (its commands are JSON, which holds no set)"
+                )
             command["mode"] = "direct"
             command["instance_id"] = self.instance_id(call.worker_id)
         else:

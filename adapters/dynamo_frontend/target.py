@@ -784,6 +784,8 @@ class FrontendTarget(Unsupported):
                 raise AssertionError("open_host() first")
             return FrontendHost(self, HostConfig(), self.default_generation).route(call)
         if isinstance(call, Direct):
+            if call.payload is not None:
+                unreachable("a caller's own payload: the frontend's HTTP API takes its own")
             return self.direct(call)
         if not isinstance(call, Migrate):
             unreachable(

@@ -331,6 +331,9 @@ class Direct:
     """Exact dispatch to one worker id."""
 
     worker_id: int
+    payload: object = None
+    """The request's payload as the caller passes it (None: the adapter's own), for a wire
+    target to encode in the worker's codec (Capability.WIRE_TRANSPORT)."""
 
 
 @attrs.frozen

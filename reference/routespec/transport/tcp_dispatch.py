@@ -259,6 +259,7 @@ def _request_message(path: str, headers: bytes, control: bytes, body: bytes) -> 
         ) from None
 
 
+# TRN-043: a payload the codec cannot encode is the caller's InvalidArgument, before sending.
 def _body(request: Request, codec: PayloadCodec) -> bytes:
     try:
         return codec.encode(request.payload)
