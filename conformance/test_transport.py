@@ -257,6 +257,7 @@ UNENCODABLE = {  # a payload no codec of the wire can write
     "a-set": {1, 2},
     "an-int-past-64-bits": 2**70,
 }
+MESSAGE_LIMIT = 32 * 1024 * 1024  # a request message's bytes (TRN-043)
 
 
 @covers("TRN-043")
@@ -283,6 +284,31 @@ def test_a_payload_the_codec_cannot_encode_fails_before_sending(
         "TRN-043", target.worker_bytes(worker) - before, 0, "bytes of it reached the worker"
     )
     serves_again(target, worker, "TRN-043")
+
+
+@covers("TRN-043")
+@requires(Capability.DIRECT, Capability.WIRE_TRANSPORT, Capability.OBSERVE_WORKER_BYTES)
+def test_a_request_message_over_32_mib_fails_before_sending(target: Target) -> None:
+    """A payload that makes the request message one past 32 MiB is refused before sending,
+    naming ``request.payload_len``; one a few KiB under the limit is served."""
+    worker = target.add_worker()
+    before = target.worker_bytes(worker)
+    over = finished(target, target.submit(Direct(worker, "x" * MESSAGE_LIMIT)), "TRN-043")
+    require(
+        "TRN-043",
+        refused_before_stream(over, "InvalidArgument")
+        and over.error is not None
+        and names_field(over.error.links[0][1], "request.payload_len"),
+        f"a request message past {MESSAGE_LIMIT} bytes should fail before the stream with "
+        f"InvalidArgument naming request.payload_len; got {over}",
+    )
+    require_equal("TRN-043", target.worker_bytes(worker) - before, 0, "bytes of it were sent")
+    under = finished(target, target.submit(Direct(worker, "x" * (MESSAGE_LIMIT - 8192))), "TRN-043")
+    require(
+        "TRN-043",
+        under.error is None and len(under.items) == 1,
+        f"a request message 8 KiB under {MESSAGE_LIMIT} bytes should be served; got {under}",
+    )
 
 
 # --- TRN-004 ---
