@@ -19,7 +19,12 @@ from routespec.errors import RoutingError, bound_message, error_chain, parse_typ
 from routespec.errors import match_error_chain as reference_match_error_chain
 from routespec.host.routing_host import RoutingHost
 from routespec.migration import Migration
-from routespec.routing.deadlines import DEFAULT_DEADLINES, Deadlines, with_deadlines
+from routespec.routing.deadlines import (
+    DEFAULT_DEADLINES,
+    DeadlineAware,
+    Deadlines,
+    with_deadlines,
+)
 from routespec.routing.load_thresholds import LoadReport as ReferenceLoadReport
 from routespec.routing.load_thresholds import LoadThresholds as ReferenceLoadThresholds
 from routespec.routing.push_router import PushRouter
@@ -300,19 +305,20 @@ class ReferenceTarget:
 
         self._guards: set[CountingGuard] = set()
 
+        transport: StreamingDispatch = cluster.transport
+        if config.timeouts != Timeouts() or not isinstance(transport, DeadlineAware):
+            # Derived from the transport as every router of the process shares it,
+            # deadlines applied (TMO-010: a router's own replace them, never stack).
+            transport = with_deadlines(
+                with_deadlines(transport, DEFAULT_DEADLINES), deadlines_of(config.timeouts)
+            )
+        # else as a deployment sends: through a wire transport left at its own defaults
+
         async def build() -> PushRouter:
             return router_class.create(
                 ENDPOINT,
                 self._discovery,
-                FirstResponseGuardedDispatch(
-                    # Derived from the transport as every router of the process shares it,
-                    # deadlines applied (TMO-010: a router's own replace them, never stack).
-                    with_deadlines(
-                        with_deadlines(cluster.transport, DEFAULT_DEADLINES),
-                        deadlines_of(config.timeouts),
-                    ),
-                    portal.nursery,
-                ),
+                FirstResponseGuardedDispatch(transport, portal.nursery),
                 rng=random.Random(config.seed),
                 load_thresholds=thresholds_of(config.load_thresholds),
                 **set_only(
