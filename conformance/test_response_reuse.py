@@ -24,6 +24,8 @@ from routespec.testing.target import (
     Direct,
     Misbehave,
     Serve,
+    Silent,
+    SilentStage,
     Stall,
     Target,
     WireFault,
@@ -612,3 +614,30 @@ def test_the_caller_holds_nothing_of_a_connection_its_worker_closed(
         f"worker {worker} closed its released connections ({closed_by}); a second later the "
         f"caller still holds {held} of them",
     )
+
+
+@covers("TRN-042", "TRN-015")
+@requires(
+    Capability.DIRECT,
+    Capability.SCRIPT_SILENCE,
+    Capability.OBSERVE_INFLIGHT,
+    Capability.RESPONSE_REUSE,
+)
+@pytest.mark.parametrize("stage", [SilentStage.DIAL_BACK, SilentStage.HANDSHAKE], ids=str)
+def test_a_dispatch_dropped_while_establishing_holds_nothing(
+    target: Target, stage: SilentStage
+) -> None:
+    """The worker goes silent before dialling back, or after its handshake (its connection
+    at the caller, the prologue never sent); the caller drops the request there. Nothing
+    of it stays: no response connection, nothing in flight."""
+    worker = target.add_worker()
+    target.script_worker(worker, Silent(stage))
+    request = target.submit(Direct(worker))
+    target.drop(request)
+    finished(target, request, "TRN-042")
+    why = f"the caller dropped a request to worker {worker} silent at its {stage.value} stage"
+    held = target.response_connections()
+    require("TRN-042", held == 0, f"{why}; it still holds {held} response connections")
+    inflight = target.transport_inflight()
+    require("TRN-015", inflight == 0, f"{why}; it counts {inflight} dispatches in flight")
+    target.release_stalled(worker)
