@@ -58,12 +58,12 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 async def open_stream(address: str) -> trio.SocketStream:
-    """Connect to ``host:port``. A numeric host has one candidate address, so it is dialled
-    directly, without ``open_tcp_stream``'s resolution and happy-eyeballs tasks."""
+    """Connect to ``ip:port``, an address a worker vetted (TRN-027): numeric, so it has one
+    candidate and is dialled directly, without ``open_tcp_stream``'s resolution and
+    happy-eyeballs tasks."""
     host, port = split_address(address)
     ip = ip_literal(host.removeprefix("[").removesuffix("]"))
-    if ip is None:
-        return await trio.open_tcp_stream(host, port)
+    assert ip is not None, address  # _vetted resolves every name
     family = trio.socket.AF_INET6 if ip.version == 6 else trio.socket.AF_INET
     sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
     try:
