@@ -164,6 +164,7 @@ OTHER_WORDS = {  # what the caller writes; whether the worker then writes the re
     "early-reuse": (frame(RELEASE), True),  # TRN-028: a release before the sentinel is none
     "body-only": (body_frame(b'"kill"'), True),
     "not-json": (frame(b"{kill"), False),
+    "past-128-kib": (frame(b'"' + b"x" * (128 * 1024) + b'"'), False),
 }
 
 
