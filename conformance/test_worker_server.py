@@ -329,6 +329,36 @@ def test_a_request_with_a_usable_address_and_an_unusable_field_is_acked(target: 
 
 
 @covers("TRN-027")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+def test_a_response_address_named_by_a_host_name_is_resolved(target: Target) -> None:
+    """``localhost`` names the request's peer (127.0.0.1): the worker resolves it, dials
+    back there and serves the request."""
+    worker = target.add_worker()
+    with listening() as listener:
+        port = listener.getsockname()[1]
+        control = json.dumps(usable_control(f"localhost:{port}", "named")).encode()
+        target.send_raw(worker, request_message(target.worker_path(worker), control))
+        stream = accept(listener)
+        require(
+            "TRN-027",
+            stream is not None,
+            f"worker {worker} never dialled back to localhost:{port}, a name for its peer",
+        )
+        assert stream is not None
+        with stream:
+            introduced = handshake(stream)
+            prologue = json.loads(read_frame(stream)[0])
+        require(
+            "TRN-027",
+            introduced == {"subject": "named", "stream_type": "response"}
+            and prologue == {"error": None},
+            f"worker {worker} should serve a request whose response address is localhost:{port}",
+            expected='handshake {"subject": "named", "stream_type": "response"}, prologue ok',
+            actual=f"handshake {introduced}, prologue {prologue}",
+        )
+
+
+@covers("TRN-027")
 @requires(Capability.WORKER_LIMITS)
 def test_a_request_naming_another_host_is_refused_at_its_ack(target: Target) -> None:
     """A response address at another host than the request's peer is refused at the ACK,
