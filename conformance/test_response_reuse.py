@@ -569,25 +569,13 @@ def test_the_caller_holds_nothing_of_a_connection_its_worker_closed(
     never = target.submit(Direct(worker))
     target.advance_time(31.0)  # past the establish deadline (TMO-003: 30 s)
     finished(target, never, "TRN-042")
-    held = target.response_connections()
-    require(
-        "TRN-042",
-        held == 0,
-        f"worker {worker} never dialled back, and the caller gave the stream up; it still "
-        f"holds or waits for {held} response connections",
-    )
+    holds_none(target, f"worker {worker} never dialled back, and the caller gave it up")
     target.script_worker(worker, Stall(items=1, items_after=1))
     dropped = target.submit(Direct(worker))
     target.drop(dropped)  # its connection closed by the caller, not released
     target.release_stalled(worker)
     finished(target, dropped, "TRN-042")
-    held = target.response_connections()
-    require(
-        "TRN-042",
-        held == 0,
-        f"the caller dropped a stream of worker {worker}, closing its connection; it still "
-        f"holds {held} response connections",
-    )
+    holds_none(target, f"the caller dropped a stream of worker {worker}, closing its connection")
     target.script_worker(worker, Stall(items=1, items_after=1))
     first, second = target.submit(Direct(worker)), target.submit(Direct(worker))
     target.release_stalled(worker)
@@ -607,13 +595,12 @@ def test_the_caller_holds_nothing_of_a_connection_its_worker_closed(
     else:
         target.kill_worker(worker)
     target.advance_time(1.0)
+    holds_none(target, f"worker {worker} closed its released connections ({closed_by}) 1 s ago")
+
+
+def holds_none(target: Target, why: str) -> None:
     held = target.response_connections()
-    require(
-        "TRN-042",
-        held == 0,
-        f"worker {worker} closed its released connections ({closed_by}); a second later the "
-        f"caller still holds {held} of them",
-    )
+    require("TRN-042", held == 0, f"{why}; the caller still holds {held} response connections")
 
 
 @covers("TRN-042", "TRN-015")
@@ -636,8 +623,7 @@ def test_a_dispatch_dropped_while_establishing_holds_nothing(
     target.drop(request)
     finished(target, request, "TRN-042")
     why = f"the caller dropped a request to worker {worker} silent at its {stage.value} stage"
-    held = target.response_connections()
-    require("TRN-042", held == 0, f"{why}; it still holds {held} response connections")
+    holds_none(target, why)
     inflight = target.transport_inflight()
     require("TRN-015", inflight == 0, f"{why}; it counts {inflight} dispatches in flight")
     target.release_stalled(worker)

@@ -512,16 +512,9 @@ def test_a_request_stream_at_another_host_is_never_dialled(target: Target) -> No
                 f"worker {worker} should fail the request in its prologue with InvalidArgument "
                 f"naming {REQUEST_STREAM_FIELD}; got {prologue!r}",
             )
-            other.setblocking(False)
-            try:
-                stray, _ = other.accept()
-            except BlockingIOError:
-                stray = None
-            if stray is not None:
-                stray.close()
             require(
                 "TRN-027",
-                stray is None,
+                not _was_dialled(other),
                 f"worker {worker} dialled the request stream at {OTHER_HOST}, which is not "
                 f"the host the request came from ({PEER})",
             )
@@ -1555,6 +1548,17 @@ def request_message(
     )
 
 
+def _was_dialled(listener: socket.socket) -> bool:
+    """Whether a connection is waiting on ``listener`` now (it is closed if so)."""
+    listener.setblocking(False)
+    try:
+        stray, _ = listener.accept()
+    except BlockingIOError:
+        return False
+    stray.close()
+    return True
+
+
 def _listener(host: str) -> socket.socket:
     listener = socket.socket()
     try:
@@ -1823,16 +1827,9 @@ def test_a_worker_dials_back_only_to_the_request_peer(target: Target) -> None:
                 f"InvalidArgument prologue; got {prologue!r}",
             )
             if other is not None:
-                other.setblocking(False)
-                try:
-                    stray, _ = other.accept()
-                except BlockingIOError:
-                    stray = None
-                if stray is not None:
-                    stray.close()
                 require(
                     "TRN-027",
-                    stray is None,
+                    not _was_dialled(other),
                     f"worker {worker} dialled back to {OTHER_HOST}, which is not the host "
                     f"the request came from ({PEER})",
                 )
