@@ -354,6 +354,31 @@ def test_an_ack_at_its_bound_is_read_whole(target: Target) -> None:
     )
 
 
+@covers("TRN-041", "TRN-033")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+def test_an_ack_cut_short_is_named_by_its_text(target: Target) -> None:
+    """The worker declares a 100-byte ACK, sends 23 bytes of it and closes the connection:
+    the request fails at once before any stream with ``Disconnected`` naming ``ack``, and the
+    worker's next request is served on a new connection."""
+    worker = target.add_worker()
+    target.script_worker(worker, WriteAck(b"Server unavailable: que", length=100, close=True))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-033")
+    require(
+        "TRN-033",
+        refused_before_stream(outcome, "Disconnected"),
+        f"worker {worker} closed its connection inside an ACK: the request should fail "
+        f"before the stream with Disconnected; got {outcome}",
+    )
+    assert outcome.error is not None
+    require(
+        "TRN-041",
+        names_field(outcome.error.links[0][1], "ack"),
+        f"the connection ended inside the ACK's text: the error should name 'ack'; it says "
+        f"{outcome.error.links[0][1]!r}",
+    )
+    serves_again(target, worker, "TRN-033")
+
+
 @covers("TRN-038", "TRN-012")
 @requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
 @pytest.mark.parametrize("sent", ["whole", "declared-only"])

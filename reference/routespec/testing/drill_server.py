@@ -106,6 +106,8 @@ class DrillWorkerServer(WorkerServer):
     async def _write_ack(self, connection: FramedConnection, ack: WriteAck) -> None:
         length = len(ack.text) if ack.length is None else ack.length
         await connection.send(ACK_PREFIX.pack(length) + ack.text)
+        if ack.close:
+            await connection.aclose()
 
     async def _respond(
         self,

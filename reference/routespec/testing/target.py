@@ -224,11 +224,13 @@ class WritePrologue:
 @attrs.frozen
 class WriteAck:
     """Answer with an ACK whose text is the bytes ``text``, its ``u32`` prefix declaring
-    ``length`` (None: the text's true length), and nothing more: no response stream follows
-    (wire targets only, Capability.SCRIPT_WIRE_FAULTS)."""
+    ``length`` (None: the text's true length), and nothing more: no response stream follows;
+    with ``close``, then close the request-plane connection (wire targets only,
+    Capability.SCRIPT_WIRE_FAULTS)."""
 
     text: bytes
     length: int | None = None
+    close: bool = False
 
 
 @attrs.frozen
