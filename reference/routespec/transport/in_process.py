@@ -37,7 +37,7 @@ class InProcessDispatch:
 
     def kill(self, address: str) -> None:
         del self._handlers[address]
-        for stream in list(self._open.pop(address, ())):
+        for stream in list(self._open.pop(address)):  # served, so registered (serve)
             stream.sever()
 
     async def generate(self, instance: Instance, request: Request) -> InProcessStream:
