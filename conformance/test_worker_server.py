@@ -370,6 +370,12 @@ def test_a_request_naming_another_host_is_refused_at_its_ack(target: Target) -> 
     refused_at_its_ack(
         "TRN-027", seen, f"a request whose response stream is at {OTHER_HOST} (not its peer {PEER})"
     )
+    require(
+        "TRN-027",
+        OTHER_HOST in seen.acks[0] and PEER in seen.acks[0],
+        f"the refusal should name the host it will not dial ({OTHER_HOST}) and the peer the "
+        f"request came from ({PEER}); it says {seen.acks[0]!r}",
+    )
     serves_again(target, worker, "TRN-027")
 
 
