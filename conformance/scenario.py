@@ -50,6 +50,19 @@ def finished(target: Target, request_id: str, requirement: str) -> Outcome:
     return outcome
 
 
+def finished_after_transfer(
+    target: Target, request_id: str, requirement: str, *, mock_clock: bool
+) -> Outcome:
+    """``finished`` for a request that moves megabytes between two sockets of one process:
+    every task can be blocked on I/O for an instant before it ends, so ``submit`` may return
+    early; on a mock clock the system is let settle again (no time passes) until it ends."""
+    for _ in range(100 if mock_clock else 0):
+        if target.outcome(request_id) is not None:
+            break
+        target.advance_time(0.0)
+    return finished(target, request_id, requirement)
+
+
 def reached(target: Target, request_id: str) -> list[int]:
     return [d.worker_id for d in target.dispatch_log() if d.request_id == request_id]
 
