@@ -61,6 +61,7 @@ from routespec.testing.target import DiscoveryTiming, ListedInstance, StoredReco
 POLL_INTERVAL = 0.2  # the file store's default: how often a watcher rescans the directory
 FIRST_PORT = 40_000  # the (unserved) port of the first instance's address
 STORE_VARIABLES = (ROOT_ENV, "TMPDIR")  # the environment that chooses the default store
+PROBED_ENDPOINT = "probe/refusal/generate"  # the endpoint a refusal's first read watches
 
 
 @contextlib.contextmanager
@@ -335,8 +336,11 @@ class ReferenceDiscovery:
 
     def refusal(self, address: str, ttl: float) -> str | None:
         async def attempt() -> str | None:
-            try:
-                await open_store(address, ttl).check()
+            try:  # as a router opens it: checked, then a watcher's first read
+                store = open_store(address, ttl)
+                await store.check()
+                async with store.watch(PROBED_ENDPOINT):
+                    pass
             except DiscoveryError as refused:
                 return refused.field
             return None

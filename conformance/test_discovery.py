@@ -89,12 +89,22 @@ def test_a_registration_reaches_its_endpoints_watchers(target: Target) -> None:
         )
 
 
+LONG_NAMES = "/".join(name * 30 for name in "nce")  # three names of 30 characters
+
+
 @covers("DSC-001", "DSC-007")
 @requires(STORE)
-@pytest.mark.parametrize("endpoint", ["_tmp_ns/backend/generate", "dsc/back_end/gen-erate_1"])
-def test_names_with_punctuation_are_listed(target: Target, endpoint: str) -> None:
+@pytest.mark.parametrize(
+    "endpoint",
+    ["_tmp_ns/backend/generate", "dsc/back_end/gen-erate_1", LONG_NAMES],
+    ids=["temp-file-prefix", "underscores-and-dashes", "names-of-30"],
+)
+def test_names_with_punctuation_or_30_characters_are_listed(target: Target, endpoint: str) -> None:
     """Names may hold underscores and dashes, even where a file store's temp files have
-    theirs (``.tmp_``): the registration is listed like any other."""
+    theirs (``.tmp_``), and be 30 characters long (a file store that named the record's file
+    with every byte percent-encoded, as only ``/`` and punctuation must be, would need 327
+    bytes for that key, more than a file name can hold): the registration is listed like
+    any other."""
     store = target.open_discovery()
     watcher = store.watch(endpoint)
     worker = store.register(endpoint)
@@ -773,32 +783,63 @@ def test_a_file_store_directory_may_hold_a_colon(target: Target) -> None:
     )
 
 
+def _still_readable(read: Callable[[], object]) -> bool:
+    """Whether ``read`` succeeds though the mode forbids it (root, with CAP_DAC_OVERRIDE)."""
+    try:
+        read()
+    except PermissionError:
+        return False
+    return True
+
+
+NOWHERE = ["dangling-link", "link-loop", "link-to-an-overlong-name", "a-file", "unlistable"]
+
+
 @covers("DSC-011")
 @requires(STORE)
-@pytest.mark.parametrize("link", ["dangling", "loop", "overlong-target"])
+@pytest.mark.parametrize("what", NOWHERE)
+@pytest.mark.parametrize("where", ["store", "records"], ids=["dir", "dir-v1-instances"])
 def test_a_file_store_directory_that_leads_nowhere_is_refused(
-    target: Target, tmp_path: Path, link: str
+    target: Target, tmp_path: Path, where: str, what: str
 ) -> None:
-    """A ``file:DIR`` whose DIR is a symbolic link to nothing, to itself, or to a name the
-    system cannot resolve (a 300-byte file name) is no directory: it is refused at once,
-    naming ``--discovery``, not at the first registration."""
+    """A ``file:DIR`` whose DIR, or whose records directory ``DIR/v1/instances``, is a
+    symbolic link to nothing, to itself, or to a name the system cannot resolve (a 300-byte
+    file name), is a file, or is a directory this process cannot list (mode ``-wx``) is
+    refused at once, naming ``--discovery``: not at the first registration, and not by a
+    watcher that lists nothing."""
     store = target.open_discovery()
     if not store.address().startswith("file:"):
         pytest.skip(f"the target's store is {store.address()!r}, not a file store")
-    path = tmp_path / "store"
+    root = tmp_path / "store"
+    path = root if where == "store" else root / "v1" / "instances"
+    path.parent.mkdir(parents=True, exist_ok=True)
     leads_to = {
-        "dangling": tmp_path / "gone",
-        "loop": path,
-        "overlong-target": tmp_path / ("x" * 300),
-    }[link]
-    path.symlink_to(leads_to)
-    named = store.refusal(f"file:{path}", 10.0)
+        "dangling-link": tmp_path / "gone",
+        "link-loop": path,
+        "link-to-an-overlong-name": tmp_path / ("x" * 300),
+    }
+    if what in leads_to:
+        path.symlink_to(leads_to[what])
+    elif what == "a-file":
+        path.write_bytes(b"")
+    else:
+        path.mkdir()
+        path.chmod(0o300)  # write and search, no read
+        if _still_readable(lambda: os.listdir(path)):
+            path.chmod(0o700)
+            pytest.skip("this process lists directories whatever their mode (root)")
+    try:
+        named = store.refusal(f"file:{root}", 10.0)
+    finally:
+        if what == "unlistable":
+            path.chmod(0o700)  # so that tmp_path can be removed
+    shown = f"a link to {str(leads_to[what])[:60]!r}" if what in leads_to else what
     require_equal(
         "DSC-011",
         named,
         "--discovery",
-        f"opening 'file:{path}' ({link}: a link to {str(leads_to)[:60]!r}) named {named!r}; "
-        "expected a refusal naming --discovery",
+        f"opening 'file:{root}' whose {path.relative_to(tmp_path)} is {shown} named "
+        f"{named!r}; expected a refusal naming --discovery",
     )
 
 
@@ -1039,6 +1080,40 @@ def test_a_skipped_record_is_reported_once_naming_it_and_the_field(
             f"watcher {watcher} reported {store.skipped(watcher)} for the {name} record at "
             f"{BAD_KEY}; expected one report naming the field {field!r}",
         )
+
+
+@covers("DSC-014")
+@requires(STORE)
+def test_an_unreadable_record_is_reported_naming_record(target: Target) -> None:
+    """A record file this process cannot read (mode ``000``) is skipped and reported once,
+    naming ``record`` (the value as a whole), and the endpoint's other records are listed."""
+    store = target.open_discovery()
+    if not store.address().startswith("file:"):
+        pytest.skip(f"the target's store is {store.address()!r}, not a file store")
+    store.put_raw(ENDPOINT, 0x600D, _record(instance_id=0x600D))
+    store.put_raw(ENDPOINT, 0xBAD, _record())
+    directory = Path(store.address().removeprefix("file:")) / "v1" / "instances"
+    (path,) = (
+        p
+        for p in directory.iterdir()
+        if urllib.parse.unquote(p.name) == BAD_KEY.removeprefix("v1/instances/")
+    )
+    path.chmod(0)
+    try:
+        if _still_readable(path.read_bytes):
+            pytest.skip("this process reads files whatever their mode (root)")
+        watcher = store.watch(ENDPOINT)
+        store.advance(3 * store.timing().propagation)  # the store is read again
+        seen = (ids(store, watcher), store.skipped(watcher))
+    finally:
+        path.chmod(0o600)
+    require_equal(
+        "DSC-014",
+        seen,
+        ({0x600D}, ((BAD_KEY, "record"),)),
+        f"with the record file {path.name} unreadable (mode 000) the watcher lists and "
+        "reports (listed, skipped)",
+    )
 
 
 @covers("DSC-008", "DSC-014")

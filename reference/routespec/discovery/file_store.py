@@ -371,7 +371,8 @@ class FileDiscovery:
 
         Only the records under this endpoint's keys are read (DSC-002); an unusable one is
         skipped and reported (DSC-008, DSC-013, DSC-014); a vanished file is skipped; a record
-        older than ``ttl`` is dead (DSC-006).
+        older than ``ttl`` is dead (DSC-006). A missing records directory is an empty store; one
+        that cannot be listed (a file, a link to nothing) is a ``DiscoveryError`` (DSC-011).
         """
         found: dict[int, Instance] = {}
         unusable: list[str] = []
@@ -380,9 +381,11 @@ class FileDiscovery:
         directory = instances_dir(self.root)
         try:
             entries = list(os.scandir(directory))
-        except (FileNotFoundError, NotADirectoryError):
-            entries = []
-        except OSError as error:
+        except FileNotFoundError:
+            if os.path.islink(directory):  # a link to nothing is no records directory (DSC-011)
+                raise DiscoveryError(FIELD, f"cannot read {directory}: a link to nothing") from None
+            entries = []  # nothing registered yet, or the records were lost (DSC-010)
+        except OSError as error:  # a file, a link loop, no permission: unusable (DSC-011)
             reason = error.strerror or str(error)
             raise DiscoveryError(FIELD, f"cannot read {directory}: {reason}") from None
         for entry in entries:

@@ -772,7 +772,8 @@ class DiscoveryTarget(Protocol):
 
     def refusal(self, address: str, ttl: float) -> str | None:
         """Open the store ``address`` names with liveness period ``ttl`` and check that it can
-        be used: the argument its typed refusal names (``--discovery``, ``--ttl``), or None."""
+        be used, as a router starting on it does (up to its watcher's first read): the
+        argument its typed refusal names (``--discovery``, ``--ttl``), or None."""
         ...
 
     def reopen(
