@@ -281,8 +281,11 @@ class ReferenceDiscovery:
         listed: dict[int, ListedInstance] = {}
         for instance_id in discovery.instance_ids():
             instance = discovery.lookup(instance_id)
-            address = None if instance is None else instance.address
-            listed[instance_id] = ListedInstance(address, discovery.device_type(instance_id))
+            address, codec = (
+                (None, None) if instance is None else (instance.address, instance.payload_codec)
+            )
+            device = discovery.device_type(instance_id)
+            listed[instance_id] = ListedInstance(address, device, codec)
         return listed
 
     def events(self, watcher: int) -> tuple[tuple[str, int], ...]:

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,11 @@ def ids(store: DiscoveryTarget, watcher: int) -> set[int]:
     return set(store.listed(watcher))
 
 
+def resolved(listed: Mapping[int, ListedInstance]) -> dict[int, tuple[str | None, str | None]]:
+    """Each listed instance's address and device type."""
+    return {i: (instance.address, instance.device_type) for i, instance in listed.items()}
+
+
 def address_in_record(store: DiscoveryTarget, instance_id: int) -> str | None:
     record = store.record(instance_id)
     if record is None:
@@ -73,13 +78,13 @@ def test_a_registration_reaches_its_endpoints_watchers(target: Target) -> None:
     watchers = [store.watch(ENDPOINT), store.watch(ENDPOINT)]
     worker = store.register(ENDPOINT, device="cpu")
     store.advance(store.timing().propagation)
-    expected = ListedInstance(address_in_record(store, worker), "cpu")
+    expected = (address_in_record(store, worker), "cpu")
     for watcher in watchers:
         listed = store.listed(watcher)
         require(
             "DSC-001",
-            listed.get(worker) == expected and expected.address is not None,
-            f"watcher {watcher} lists {listed}; expected {worker:x} as {expected}",
+            resolved(listed).get(worker) == expected and expected[0] is not None,
+            f"watcher {watcher} lists {listed}; expected {worker:x} at {expected[0]}, a cpu",
         )
         require_equal(
             "DSC-001",
@@ -451,8 +456,8 @@ def test_records_use_dynamos_key_layout_and_record(target: Target) -> None:
     listed = store.listed(watcher)
     require_equal(
         "DSC-007",
-        listed,
-        {DYNAMO_ID: ListedInstance(DYNAMO_ADDRESS, "cuda")},
+        resolved(listed),
+        {DYNAMO_ID: (DYNAMO_ADDRESS, "cuda")},
         f"Dynamo's record is listed as {listed}",
     )
 
@@ -499,6 +504,36 @@ def test_a_record_without_a_codec_is_listed(target: Target) -> None:
         set(listed) == {without} and listed[without].address == _address_of(without),
         f"a record without request_plane_codec is listed as {listed} (skipped: "
         f"{store.skipped(watcher)}); expected {without:#x} at {_address_of(without)}",
+    )
+
+
+LISTED_CODECS = {0xC0D1: "msgpack", 0xC0D2: "json", 0xC0D3: None}  # None: the field is absent
+
+
+@covers("DSC-007")
+@requires(STORE, Capability.OBSERVE_LISTED_CODEC)
+def test_a_record_is_listed_with_its_payload_codec(target: Target) -> None:
+    """A caller speaks to an instance in the payload codec its record names (TRN-001):
+    ``msgpack``, ``json``, and ``json`` for a record without ``request_plane_codec``, which
+    predates msgpack payloads."""
+    store = target.open_discovery()
+    for instance_id, codec in LISTED_CODECS.items():
+        document = json.loads(
+            _record(instance_id=instance_id, transport={"tcp": _address_of(instance_id)})
+        )
+        if codec is None:
+            del document["request_plane_codec"]
+        else:
+            document["request_plane_codec"] = codec
+        store.put_raw(ENDPOINT, instance_id, json.dumps(document).encode())
+    listed = store.listed(store.watch(ENDPOINT))
+    codecs = {instance_id: instance.payload_codec for instance_id, instance in listed.items()}
+    expected = {instance_id: codec or "json" for instance_id, codec in LISTED_CODECS.items()}
+    require_equal(
+        "DSC-007",
+        codecs,
+        expected,
+        f"records naming msgpack, json and no codec are listed with the codecs {codecs}",
     )
 
 

@@ -57,6 +57,9 @@ class Capability(enum.Enum):
     OBSERVE_WORKER_SETS = "observe:worker-sets"
     OBSERVE_OCCUPANCY = "observe:occupancy"
     OBSERVE_PREPARED_TARGET = "observe:prepared-target"
+    OBSERVE_LISTED_CODEC = "observe:listed-codec"
+    """A watcher's listing names the payload codec a caller speaks to each instance
+    (``ListedInstance.payload_codec``, spec: DSC-001, DSC-007)."""
     ERROR_MODEL = "errors:model"
     ROUTING_HOST = "host:routing-host"
     DISCOVERY_STORE = "discovery:store"
@@ -678,10 +681,13 @@ class DiscoveryTiming:
 
 @attrs.frozen
 class ListedInstance:
-    """An instance as a watcher resolves it: its transport address and device type."""
+    """An instance as a watcher resolves it: its transport address and device type, and the
+    payload codec a caller speaks to it where the target says (None where it does not:
+    Capability.OBSERVE_LISTED_CODEC)."""
 
     address: str | None
     device_type: str | None
+    payload_codec: str | None = None
 
 
 @attrs.frozen
