@@ -562,7 +562,7 @@ class ReferenceTarget:
         if isinstance(call, Generate):
             return await router.generate(request, RouterMode(call.mode), prepare)
         if isinstance(call, Direct):
-            return await router.direct(request, call.worker_id, prepare)
+            return await router.direct(request, call.worker_id, prepare if call.prepared else None)
         if isinstance(call, DirectWithin):
             return await router.direct_within(request, call.worker_id, call.allowed, prepare)
         if isinstance(call, Bidirectional):

@@ -397,6 +397,24 @@ def test_prepare_sees_the_exact_target(target: Target) -> None:
 
 
 @covers("DSP-010")
+@requires(Capability.OBSERVE_PREPARED_TARGET, Capability.DIRECT)
+def test_a_dispatch_without_prepare_reaches_its_worker_as_passed(target: Target) -> None:
+    """Prepare is the caller's to give: a direct dispatch given none reaches its worker as the
+    caller passed it, prepared for no worker, and is served whole."""
+    worker, _other = target.add_worker(), target.add_worker()
+    request = target.submit(Direct(worker, prepared=False))
+    outcome = finished(target, request, "DSP-010")
+    deliveries = [(d.worker_id, d.prepared_for) for d in target.dispatch_log()]
+    require(
+        "DSP-010",
+        deliveries == [(worker, None)] and outcome.error is None and bool(outcome.items),
+        f"a direct dispatch to {worker} with no prepare step was delivered as {deliveries} "
+        f"(worker, prepared for) and ended with {outcome}; expected [({worker}, None)], "
+        "served whole",
+    )
+
+
+@covers("DSP-010")
 @requires(Capability.OBSERVE_PREPARED_TARGET, Capability.DIRECT_WITHIN, Capability.VANISH_WORKER)
 def test_prepare_sees_the_fallback_worker(target: Target) -> None:
     vanished, second, third = (target.add_worker() for _ in range(3))

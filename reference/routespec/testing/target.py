@@ -339,6 +339,9 @@ class Direct:
     payload: object = None
     """The request's payload as the caller passes it (None: the adapter's own), for a wire
     target to encode in the worker's codec (Capability.WIRE_TRANSPORT)."""
+    prepared: bool = True
+    """False: the caller gives the router no prepare step (Dynamo's ``direct(request, id)``
+    has none), so the request reaches the worker as the caller passed it."""
 
 
 @attrs.frozen
