@@ -1308,32 +1308,41 @@ NAME_LIKE = re.compile(r"[A-Za-z0-9.-]+")  # might name a host that resolves to 
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    kind: str  # string | enum | address | json-object | object | string-map
+    kind: str  # string | enum | address | json-object | object | string-map | request-id
     required: bool = True
     allowed: tuple[str, ...] = ()
     fields: Mapping[str, Field] = dataclasses.field(default_factory=dict)
+    to_dial: bool = True  # needed to dial the stream back: a fault in the response stream's
+    # is refused at the ACK (TRN-022); other faults fail the request in its prologue
 
 
-STREAM_INFO = {
-    "address": Field("address"),
-    "subject": Field("string"),
-    "context": Field("string", required=False),
-}
-STREAM_CONNECTION = {
-    "transport": Field("enum", allowed=("tcp_server",)),
-    "info": Field("json-object", fields=STREAM_INFO),
-}
+def stream_connection(stream_type: str) -> dict[str, Field]:
+    info = {
+        "address": Field("address"),
+        "subject": Field("string"),
+        "context": Field("request-id", to_dial=False),  # the request's ``id``
+        "stream_type": Field("enum", allowed=(stream_type,), to_dial=False),
+    }
+    return {
+        "transport": Field("enum", allowed=("tcp_server",)),
+        "info": Field("json-object", fields=info),
+    }
+
+
 RESPONSE_FIELD, REQUEST_STREAM_FIELD = "connection_info", "request_stream_connection_info"
-CONTROL_SCHEMA = {
+CONTROL_SCHEMA = {  # Dynamo 1.6.1 requires all but two (probe_control_fields.py)
     "id": Field("string"),
-    "request_type": Field("enum", required=False, allowed=("single_in", "many_in")),
-    "response_type": Field("enum", required=False, allowed=("many_out",)),
-    "payload_codec": Field("enum", required=False, allowed=("msgpack", "json")),
-    RESPONSE_FIELD: Field("object", fields=STREAM_CONNECTION),
-    "metadata": Field("string-map", required=False),
-    REQUEST_STREAM_FIELD: Field("object", fields=STREAM_CONNECTION),  # many_in only
+    "request_type": Field("enum", allowed=("single_in", "many_in")),
+    "response_type": Field("enum", allowed=("single_out", "many_out")),  # both: many items
+    "payload_codec": Field("enum", required=False, allowed=("msgpack", "json")),  # absent: json
+    RESPONSE_FIELD: Field("object", fields=stream_connection(STREAM_TYPES[RESPONSE_FIELD])),
+    "metadata": Field("string-map", required=False),  # absent: none
+    REQUEST_STREAM_FIELD: Field(  # many_in only
+        "object", fields=stream_connection(STREAM_TYPES[REQUEST_STREAM_FIELD])
+    ),
 }
 MISSING = "<missing>"  # as a drawn value: the field is left out
+NOT_THE_ID = "not-the-id:"  # starts a context that is not the request's id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1377,8 +1386,16 @@ class Unusable:
 
 
 def usable_control(address: str, subject: str, *, many_in: bool = False) -> dict[str, object]:
-    def connection(stream_subject: str) -> dict[str, object]:
-        info = {"address": address, "subject": stream_subject, "context": subject}
+    """A control message for request ``subject`` (its id, and its streams' context) whose
+    streams are at ``address``."""
+
+    def connection(stream_subject: str, name: str) -> dict[str, object]:
+        info = {
+            "address": address,
+            "subject": stream_subject,
+            "context": subject,
+            "stream_type": STREAM_TYPES[name],
+        }
         return {"transport": "tcp_server", "info": json.dumps(info)}
 
     fields: dict[str, object] = {
@@ -1386,11 +1403,11 @@ def usable_control(address: str, subject: str, *, many_in: bool = False) -> dict
         "request_type": "many_in" if many_in else "single_in",
         "response_type": "many_out",
         "payload_codec": "json",
-        RESPONSE_FIELD: connection(subject),
+        RESPONSE_FIELD: connection(subject, RESPONSE_FIELD),
         "metadata": {"trace": subject},
     }
     if many_in:
-        fields[REQUEST_STREAM_FIELD] = connection(f"{subject}-in")
+        fields[REQUEST_STREAM_FIELD] = connection(f"{subject}-in", REQUEST_STREAM_FIELD)
     return fields
 
 
@@ -1475,7 +1492,9 @@ def _unusable_classes(field: Field) -> list[st.SearchStrategy[Drawn]]:
         classes.append(not_an_object)
     else:
         classes += [not_a_string, not_unicode]
-    if field.kind == "enum":
+    if field.kind == "request-id":  # a check's request ids are plain words
+        classes.append(st.text(max_size=12).map(NOT_THE_ID.__add__))
+    elif field.kind == "enum":
         classes.append(st.text(max_size=12).filter(lambda text: text not in field.allowed))
     elif field.kind == "address":
         classes += [
@@ -1531,10 +1550,19 @@ OPTIONS = {
 }
 
 
+def schema_field(path: tuple[str, ...]) -> Field:
+    """The field of ``CONTROL_SCHEMA`` at ``path``."""
+    field = CONTROL_SCHEMA[path[0]]
+    for name in path[1:]:
+        field = field.fields[name]
+    return field
+
+
 def _unusable(path: tuple[str, ...], many_in: bool, drawn: Drawn) -> Unusable:
     value, named = drawn
     field = named or ".".join(path)
-    return Unusable(path, value, many_in, field, path[0] == RESPONSE_FIELD or named is not None)
+    at_ack = path[0] == RESPONSE_FIELD and schema_field(path).to_dial
+    return Unusable(path, value, many_in, field, at_ack or named is not None)
 
 
 @st.composite
@@ -1625,13 +1653,16 @@ def _header(stream: socket.socket) -> object:
         return None
 
 
-def dialled_back(listener: socket.socket, subject: str) -> tuple[list[object], object]:
-    """Wait (``DIAL_WAIT`` real seconds at most) for a worker to dial ``listener`` for the
-    stream ``subject``; returns the handshakes of the streams that came first, and the
-    prologue of ``subject``'s stream (None if it never came)."""
+def prologues(
+    listener: socket.socket, subjects: set[str]
+) -> tuple[list[object], dict[str, object]]:
+    """Wait (``DIAL_WAIT`` real seconds at most) for a worker to dial ``listener`` for each
+    stream of ``subjects``; returns the handshakes of the other streams that came, and the
+    prologue of each stream of ``subjects`` that came."""
     deadline = time.monotonic() + DIAL_WAIT
     earlier: list[object] = []
-    while (left := deadline - time.monotonic()) > 0:
+    found: dict[str, object] = {}
+    while not subjects <= found.keys() and (left := deadline - time.monotonic()) > 0:
         listener.settimeout(left)
         try:
             stream, _ = listener.accept()
@@ -1641,12 +1672,21 @@ def dialled_back(listener: socket.socket, subject: str) -> tuple[list[object], o
             stream.settimeout(max(deadline - time.monotonic(), 0.1))
             try:
                 handshake = _header(stream)
-                if isinstance(handshake, dict) and handshake.get("subject") == subject:
-                    return earlier, _header(stream)
+                subject = handshake.get("subject") if isinstance(handshake, dict) else None
+                if subject in subjects:
+                    found[subject] = _header(stream)
+                    continue
             except OSError:
                 handshake = None
             earlier.append(handshake)
-    return earlier, None
+    return earlier, found
+
+
+def dialled_back(listener: socket.socket, subject: str) -> tuple[list[object], object]:
+    """``prologues`` for one stream: the handshakes of the streams that came first, and the
+    prologue of ``subject``'s stream (None if it never came)."""
+    earlier, found = prologues(listener, {subject})
+    return earlier, found.get(subject)
 
 
 def names_invalid_argument(prologue: object, field: str) -> bool:

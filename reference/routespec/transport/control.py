@@ -1,10 +1,13 @@
 """The control message: the JSON header of a request's two-part payload (TRN-001, TRN-002).
 
-The worker reads it strictly (TRN-022): every field it uses must have a usable value, and an
-unusable one is a ``WireProtocolError`` naming the field by its dotted path
-(``connection_info.info.address``). ``read_control`` also says whether the response-stream
-address itself was usable, which decides where the worker reports the error. Where the
-worker may dial back to is a ``DialBackPolicy`` (TRN-027).
+The worker reads it strictly (TRN-022), as Dynamo 1.6.1's ``RequestControlMessage``: every
+field is required but ``payload_codec`` (JSON when absent) and ``metadata`` (empty), a stream's
+``context`` is the request's ``id`` and its ``stream_type`` the stream's, and an unusable value
+is a ``WireProtocolError`` naming the field by its dotted path (``connection_info.info.address``)
+and quoting the value (``shown``, TRN-044). ``read_control`` also says whether the
+response-stream address itself (where to dial back, and the subject) was usable, which
+decides where the worker reports the error. Where the worker may dial back to is a
+``DialBackPolicy`` (TRN-027).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from routespec.transport.frames import MAX_CONTROL_BYTES, WireProtocolError, che
 
 SINGLE_IN = "single_in"
 MANY_IN = "many_in"
+SINGLE_OUT = "single_out"  # read as many_out, as Dynamo 1.6.1's worker reads it
 MANY_OUT = "many_out"
 TCP_SERVER = "tcp_server"
 
@@ -71,7 +75,7 @@ class StreamAddress:
 
     address: str  # host:port of the caller's stream server
     subject: str
-    context: str
+    context: str = ""  # the request's id; "" until the worker has checked it
 
     def connection_info(self, stream_type: str) -> dict[str, object]:
         info = {
@@ -157,33 +161,45 @@ def read_control(header: bytes) -> ControlMessage | UnusableControl:
     try:
         check_length("control_message", len(header), MAX_CONTROL_BYTES)
         fields = _object(decode_json(header, "control_message"), "control_message")
-        response = _stream_address(fields, CONNECTION_INFO)
+        response, response_info = _stream_address(fields, CONNECTION_INFO)
     except WireProtocolError as error:
         return UnusableControl(error, None)
     try:
-        return _control(fields, response)
+        return _control(fields, response, response_info)
     except WireProtocolError as error:
         return UnusableControl(error, response)
 
 
-def _control(fields: dict[str, object], response: StreamAddress) -> ControlMessage:
+def _control(
+    fields: dict[str, object], response: StreamAddress, response_info: dict[str, object]
+) -> ControlMessage:
     request_id = _string(fields.get("id"), "id")
-    request_type = _string(fields.get("request_type", SINGLE_IN), "request_type")
+    request_type = _string(fields.get("request_type"), "request_type")
     if request_type not in (SINGLE_IN, MANY_IN):
         raise WireProtocolError("request_type", f"unsupported {shown(request_type)}")
-    response_type = _string(fields.get("response_type", MANY_OUT), "response_type")
-    if response_type != MANY_OUT:
+    response_type = _string(fields.get("response_type"), "response_type")
+    if response_type not in (SINGLE_OUT, MANY_OUT):
         raise WireProtocolError("response_type", f"unsupported {shown(response_type)}")
-    codec_name = fields.get("payload_codec", PayloadCodec.JSON.value)  # absent: JSON
-    codec = PayloadCodec.named(_string(codec_name, "payload_codec"))
+    codec_name = _string(fields.get("payload_codec", PayloadCodec.JSON.value), "payload_codec")
+    if codec_name not in _CODECS:
+        raise WireProtocolError("payload_codec", f"unknown codec {shown(codec_name)}")
     metadata = _strings(fields.get("metadata", {}), "metadata")
+    response = _checked(response, response_info, CONNECTION_INFO, "response", request_id)
     request_stream = None
     if request_type == MANY_IN:
-        request_stream = _stream_address(fields, REQUEST_STREAM_INFO)
-    return ControlMessage(request_id, codec, response, metadata, request_stream)
+        address, info = _stream_address(fields, REQUEST_STREAM_INFO)
+        request_stream = _checked(address, info, REQUEST_STREAM_INFO, "request", request_id)
+    return ControlMessage(request_id, _CODECS[codec_name], response, metadata, request_stream)
 
 
-def _stream_address(fields: dict[str, object], name: str) -> StreamAddress:
+_CODECS = {codec.value: codec for codec in PayloadCodec}
+
+
+def _stream_address(
+    fields: dict[str, object], name: str
+) -> tuple[StreamAddress, dict[str, object]]:
+    """Where the worker dials the stream ``name`` back and the subject it introduces it by,
+    and the stream's info (its type and context checked later, by ``_checked``)."""
     connection = _object(fields.get(name), name)
     transport = connection.get("transport")
     if transport != TCP_SERVER:
@@ -192,11 +208,28 @@ def _stream_address(fields: dict[str, object], name: str) -> StreamAddress:
     info = _object(decode_json(info_text.encode(), f"{name}.info"), f"{name}.info")
     address = _string(info.get("address"), f"{name}.info.address")
     host_port(address, f"{name}.info.address")
-    return StreamAddress(
-        address=address,
-        subject=_string(info.get("subject"), f"{name}.info.subject"),
-        context=_string(info.get("context", ""), f"{name}.info.context"),
-    )
+    subject = _string(info.get("subject"), f"{name}.info.subject")
+    return StreamAddress(address, subject), info
+
+
+def _checked(
+    address: StreamAddress,
+    info: dict[str, object],
+    name: str,
+    stream_type: str,
+    request_id: str,
+) -> StreamAddress:
+    """``address`` once its info names the stream's type and the request's id as its
+    context, as Dynamo 1.6.1's worker requires before it dials."""
+    field = f"{name}.info.stream_type"
+    found = _string(info.get("stream_type"), field)
+    if found != stream_type:
+        raise WireProtocolError(field, f"unsupported {shown(found)} for a {stream_type} stream")
+    field = f"{name}.info.context"
+    context = _string(info.get("context"), field)
+    if context != request_id:
+        raise WireProtocolError(field, f"{shown(context)} is not the request's id")
+    return StreamAddress(address.address, address.subject, context)
 
 
 def _strings(value: object, field: str) -> dict[str, str]:
