@@ -405,10 +405,16 @@ class DynamoDiscovery:
         unreachable(NO_STORE_ARGUMENTS)
 
     def reopen(
-        self, *, ttl: float | None = None, environment: Mapping[str, str] | None = None
+        self,
+        *,
+        ttl: float | None = None,
+        environment: Mapping[str, str] | None = None,
+        store: str | None = None,
     ) -> DynamoDiscovery:
         if ttl is not None:
             unreachable(NO_STORE_ARGUMENTS)
+        if store not in (None, "file"):
+            unreachable(f"this adapter runs 1.6.1's file store only, not an {store} store")
         store = DynamoDiscovery(environment)
         self._reopened.append(store)
         return store

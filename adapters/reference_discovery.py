@@ -1,4 +1,6 @@
-"""The reference's file discovery store as a ``DiscoveryTarget`` (Capability.DISCOVERY_STORE).
+"""The reference's discovery stores as ``DiscoveryTarget`` s (Capability.DISCOVERY_STORE): the
+file store (``ReferenceDiscovery``, below), and the etcd store on a server of its own
+(``EtcdDiscovery``, at the end, opened with ``reopen(store="etcd")``).
 
 A ``FileStore`` in a temporary directory, driven through the ``DiscoveryStore`` seam inside
 the target's ``TrioPortal``: each registered instance is a task holding
@@ -26,11 +28,14 @@ does not move during the call, so no watcher polls in between.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import itertools
 import os
 import random
 import shutil
+import socket
+import subprocess
 import tempfile
 import time
 import urllib.parse
@@ -56,7 +61,7 @@ from routespec.discovery.instances import Discovery, Instance
 from routespec.discovery.store import DiscoveryError, Registration, SkippedRecord
 from routespec.discovery.url import open_store
 from routespec.testing.portal import TrioPortal
-from routespec.testing.target import DiscoveryTiming, ListedInstance, StoredRecord
+from routespec.testing.target import DiscoveryTarget, DiscoveryTiming, ListedInstance, StoredRecord
 
 POLL_INTERVAL = 0.2  # the file store's default: how often a watcher rescans the directory
 FIRST_PORT = 40_000  # the (unserved) port of the first instance's address
@@ -278,15 +283,7 @@ class ReferenceDiscovery:
     def listed(self, watcher: int) -> Mapping[int, ListedInstance]:
         discovery = self._watchers[watcher].discovery
         assert discovery is not None
-        listed: dict[int, ListedInstance] = {}
-        for instance_id in discovery.instance_ids():
-            instance = discovery.lookup(instance_id)
-            address, codec = (
-                (None, None) if instance is None else (instance.address, instance.payload_codec)
-            )
-            device = discovery.device_type(instance_id)
-            listed[instance_id] = ListedInstance(address, device, codec)
-        return listed
+        return listing(discovery)
 
     def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
         return tuple(self._watchers[watcher].log)
@@ -338,19 +335,314 @@ class ReferenceDiscovery:
             os.utime(entry.path, ns=(stat.st_atime_ns - shift, stat.st_mtime_ns - shift))
 
     def refusal(self, address: str, ttl: float) -> str | None:
-        async def attempt() -> str | None:
-            try:  # as a router opens it: checked, then a watcher's first read
-                store = open_store(address, ttl)
-                await store.check()
-                async with store.watch(PROBED_ENDPOINT):
-                    pass
+        return refusal(self._portal, address, ttl)
+
+    def reopen(
+        self,
+        *,
+        ttl: float | None = None,
+        environment: Mapping[str, str] | None = None,
+        store: str | None = None,
+    ) -> DiscoveryTarget:
+        if store == "etcd" and environment is None:
+            return EtcdDiscovery(self._portal, self._seed + 1, ttl)
+        return ReferenceDiscovery(self._portal, self._seed + 1, ttl, environment)
+
+
+def listing(discovery: Discovery) -> dict[int, ListedInstance]:
+    """What a watcher's ``Discovery`` lists now."""
+    listed: dict[int, ListedInstance] = {}
+    for instance_id in discovery.instance_ids():
+        instance = discovery.lookup(instance_id)
+        address, codec = (
+            (None, None) if instance is None else (instance.address, instance.payload_codec)
+        )
+        listed[instance_id] = ListedInstance(address, discovery.device_type(instance_id), codec)
+    return listed
+
+
+def refusal(portal: TrioPortal, address: str, ttl: float) -> str | None:
+    """Open ``address`` as a router starting on it does: checked, then a watcher's first read;
+    the argument its ``DiscoveryError`` names, or None."""
+
+    async def attempt() -> str | None:
+        try:
+            store = open_store(address, ttl)
+            await store.check()
+            async with store.watch(PROBED_ENDPOINT):
+                pass
+        except DiscoveryError as refused:
+            return refused.field
+        return None
+
+    return portal.call(attempt)
+
+
+# --- the etcd store ---
+
+ETCD_PROPAGATION = 0.5  # seconds: a watch event takes milliseconds; the rest is slack
+ETCD_START_TIMEOUT = 20.0
+ETCD_STEP = 0.1  # advance() sleeps in steps this long, then moves the mock clock as far
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class EtcdDiscovery:
+    """The reference's etcd store as a ``DiscoveryTarget``, against an etcd server of its own
+    (Debian's ``etcd-server``; the check is SKIP where ``etcd`` is not installed).
+
+    **Time** is real: etcd expires leases on its own clock. ``advance(s)`` sleeps ``s`` in
+    steps and moves the portal's mock clock as far after each, so that the registrations'
+    keep-alives (trio sleeps) fall due when etcd expects them. **Killing**: ``lapse(id)``
+    marks the registration withdrawn before its task ends, so its lease is not revoked but
+    no longer kept alive, as after SIGKILL. Another process's record (``put_raw``) is put
+    under a lease of ``ttl`` that nobody keeps alive. ``lose_records`` revokes every lease
+    and deletes every key, as an etcd restarted without its data.
+    """
+
+    def __init__(self, portal: TrioPortal, seed: int, ttl: float | None = None) -> None:
+        import pytest
+
+        try:
+            import httpx
+
+            from routespec.discovery import etcd_store
+        except ModuleNotFoundError:
+            pytest.skip("the etcd store needs the 'etcd' extra (httpx)")
+        binary = shutil.which("etcd")
+        if binary is None:
+            pytest.skip("etcd is not installed (apt-get install etcd-server)")
+        self._etcd = etcd_store
+        self._portal = portal
+        self._seed = seed
+        self._ids = random.Random(seed)
+        self._ports = itertools.count(FIRST_PORT)
+        self._workers: dict[int, WorkerProcess] = {}
+        self._endpoints: dict[int, str] = {}
+        self._watchers: list[Watcher] = []
+        self._data = Path(tempfile.mkdtemp(prefix="routespec-etcd-"))
+        client, peer = (f"http://127.0.0.1:{_free_port()}" for _ in range(2))
+        with open(self._data / "etcd.log", "ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    binary,
+                    "--name=routespec",
+                    f"--data-dir={self._data / 'data'}",
+                    f"--listen-client-urls={client}",
+                    f"--advertise-client-urls={client}",
+                    f"--listen-peer-urls={peer}",
+                    f"--initial-advertise-peer-urls={peer}",
+                    f"--initial-cluster=routespec={peer}",
+                    "--log-level=error",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._http = httpx.Client(base_url=client, timeout=5.0)
+        self._url = client
+        deadline = time.monotonic() + ETCD_START_TIMEOUT
+        while not self._answers(httpx.HTTPError):  # a bounded poll until it serves requests
+            assert self._process.poll() is None, f"etcd exited; see {self._data / 'etcd.log'}"
+            assert time.monotonic() < deadline, "etcd did not start"
+            time.sleep(0.05)
+        self._nursery: trio.Nursery = portal.call(self._open)
+        opened = open_store(self.address(), *(() if ttl is None else (ttl,)))
+        assert isinstance(opened, etcd_store.EtcdStore), f"{self.address()} opened {opened!r}"
+        self._store = opened
+        portal.call(self._store.check)
+
+    def _answers(self, failure: type[Exception]) -> bool:
+        try:
+            return self._http.post("/v3/maintenance/status", json={}).status_code == 200
+        except failure:
+            return False
+
+    async def _open(self) -> trio.Nursery:
+        nursery: trio.Nursery = await self._portal.nursery.start(self._own)
+        return nursery
+
+    async def _own(self, *, task_status: trio.TaskStatus[trio.Nursery]) -> None:
+        """The store's tasks end first (registrations withdraw), then the server stops."""
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started(nursery)
+                await trio.sleep_forever()
+        finally:
+            self._http.close()
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            shutil.rmtree(self._data, ignore_errors=True)
+
+    def address(self) -> str:
+        return f"etcd:{self._url}"
+
+    def timing(self) -> DiscoveryTiming:
+        return DiscoveryTiming(self._store.ttl, self._store.ttl / 3, ETCD_PROPAGATION)
+
+    # worker processes
+
+    def register(self, endpoint: str, *, device: str = "cuda") -> int:
+        instance_id, named = self._start(endpoint, device, "127.0.0.1")
+        assert named is None, f"registering {endpoint} was refused naming {named}"
+        return instance_id
+
+    def register_refusal(
+        self, endpoint: str, *, device: str = "cuda", host: str = "127.0.0.1"
+    ) -> str | None:
+        try:  # as `routespec worker --endpoint` parses it
+            parse_endpoint(endpoint)
+        except argparse.ArgumentTypeError:
+            return "--endpoint"
+        return self._start(endpoint, device, host)[1]
+
+    def _start(self, endpoint: str, device: str, host: str) -> tuple[int, str | None]:
+        while (instance_id := self._ids.getrandbits(64)) in self._endpoints:
+            pass
+        address = f"{host}:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
+        worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
+
+        async def start() -> str | None:
+            try:
+                await self._nursery.start(self._run, worker)
             except DiscoveryError as refused:
                 return refused.field
             return None
 
-        return self._portal.call(attempt)
+        named = self._portal.call(start)
+        if named is None:
+            self._workers[instance_id] = worker
+            self._endpoints[instance_id] = endpoint
+        return instance_id, named
+
+    async def _run(self, worker: WorkerProcess, *, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            async with self._store.registration(worker.instance) as registration:
+                worker.registration = registration
+                task_status.started()
+                await worker.stop.wait()
+        finally:
+            worker.stopped.set()
+
+    def withdraw(self, instance_id: int) -> None:
+        registration = self._workers[instance_id].registration
+        assert registration is not None
+        self._portal.call(registration.withdraw)
+
+    def lapse(self, instance_id: int) -> None:
+        worker = self._workers[instance_id]
+        registration = worker.registration
+        assert isinstance(registration, self._etcd.EtcdRegistration)
+
+        async def kill() -> None:
+            registration.withdrawn = True  # its lease is left to expire
+            worker.stop.set()
+            await worker.stopped.wait()
+
+        self._portal.call(kill)
+
+    def _call(self, path: str, body: Mapping[str, object]) -> dict[str, object]:
+        response = self._http.post(path, json=body)
+        assert response.status_code == 200, f"etcd refused {path}: {response.text}"
+        reply: dict[str, object] = response.json()
+        return reply
+
+    def put_raw(self, endpoint: str, instance_id: int, value: bytes) -> None:
+        self._endpoints[instance_id] = endpoint
+        self.put_raw_key(self._etcd.etcd_key(endpoint, instance_id), value)
+
+    def put_raw_key(self, key: str, value: bytes) -> None:
+        lease = self._call("/v3/lease/grant", {"TTL": max(1, round(self._store.ttl))})["ID"]
+        b64 = self._etcd.b64
+        self._call("/v3/kv/put", {"key": b64(key), "value": b64(value), "lease": lease})
+
+    def lose_records(self) -> None:
+        for lease in self._call("/v3/lease/leases", {}).get("leases") or []:
+            assert isinstance(lease, dict)
+            self._call("/v3/lease/revoke", {"ID": lease["ID"]})
+        prefix, b64 = f"{INSTANCES_BUCKET}/", self._etcd.b64
+        end = self._etcd.prefix_end(prefix)
+        self._call("/v3/kv/deleterange", {"key": b64(prefix), "range_end": b64(end)})
+
+    # watchers
+
+    def watch(self, endpoint: str) -> int:
+        watcher = KeyedWatcher()
+        self._watchers.append(watcher)
+
+        async def follow(*, task_status: trio.TaskStatus[None]) -> None:
+            store = attrs.evolve(self._store, on_skipped=watcher.skipped)
+            async with store.watch(endpoint, watcher.added, watcher.removed) as discovery:
+                watcher.discovery = discovery
+                task_status.started()
+                await trio.sleep_forever()
+
+        async def start() -> None:
+            await self._nursery.start(follow)
+
+        self._portal.call(start)
+        return len(self._watchers) - 1
+
+    def listed(self, watcher: int) -> Mapping[int, ListedInstance]:
+        discovery = self._watchers[watcher].discovery
+        assert discovery is not None
+
+        async def snapshot() -> Mapping[int, ListedInstance]:
+            return listing(discovery)
+
+        return self._portal.call(snapshot)
+
+    def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
+        return tuple(self._watchers[watcher].log)
+
+    def skipped(self, watcher: int) -> tuple[tuple[str, str], ...]:
+        return tuple(self._watchers[watcher].skips)
+
+    # the store itself
+
+    def record(self, instance_id: int) -> StoredRecord | None:
+        if instance_id not in self._endpoints:
+            return None
+        key = self._etcd.etcd_key(self._endpoints[instance_id], instance_id)
+        kvs = self._call("/v3/kv/range", {"key": self._etcd.b64(key)}).get("kvs") or []
+        assert isinstance(kvs, list)
+        if not kvs:
+            return None
+        return StoredRecord(key, base64.b64decode(kvs[0].get("value", "")))
+
+    def advance(self, seconds: float) -> None:
+        clock = self._portal.clock
+        assert clock is not None, "the keep-alives sleep on the portal's mock clock"
+        remaining = seconds
+        while remaining > 1e-9:
+            step = min(remaining, ETCD_STEP)
+            time.sleep(step)  # etcd's clock: leases expire in real time
+
+            async def jump(step: float = step) -> None:
+                clock.jump(step)
+
+            self._portal.call(jump)
+            remaining -= step
+
+    def refusal(self, address: str, ttl: float) -> str | None:
+        return refusal(self._portal, address, ttl)
 
     def reopen(
-        self, *, ttl: float | None = None, environment: Mapping[str, str] | None = None
-    ) -> ReferenceDiscovery:
-        return ReferenceDiscovery(self._portal, self._seed + 1, ttl, environment)
+        self,
+        *,
+        ttl: float | None = None,
+        environment: Mapping[str, str] | None = None,
+        store: str | None = None,
+    ) -> DiscoveryTarget:
+        if store == "file" or environment is not None:
+            return ReferenceDiscovery(self._portal, self._seed + 1, ttl, environment)
+        return EtcdDiscovery(self._portal, self._seed + 1, ttl)
+
+
+class KeyedWatcher(Watcher):
+    def skipped(self, skipped: SkippedRecord) -> None:
+        """The etcd store names a skipped record by its key already."""
+        self.skips.append((skipped.record, skipped.field))

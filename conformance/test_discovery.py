@@ -51,6 +51,16 @@ DYNAMO_RECORD = (
 DEFAULT_TTL = 10.0  # the liveness period of a store opened with no --ttl (Dynamo's)
 
 
+STORES = [pytest.param(None, id="own-store"), pytest.param("etcd", id="etcd")]
+"""The target's own store, and a new etcd store (SKIP where the target cannot open one)."""
+
+
+def opened(target: Target, kind: str | None) -> DiscoveryTarget:
+    """A new empty store: the target's own, or one of ``kind`` (``reopen(store=kind)``)."""
+    store = target.open_discovery()
+    return store if kind is None else store.reopen(store=kind)
+
+
 def ids(store: DiscoveryTarget, watcher: int) -> set[int]:
     return set(store.listed(watcher))
 
@@ -73,8 +83,9 @@ def address_in_record(store: DiscoveryTarget, instance_id: int) -> str | None:
 
 @covers("DSC-001")
 @requires(STORE)
-def test_a_registration_reaches_its_endpoints_watchers(target: Target) -> None:
-    store = target.open_discovery()
+@pytest.mark.parametrize("kind", STORES)
+def test_a_registration_reaches_its_endpoints_watchers(target: Target, kind: str | None) -> None:
+    store = opened(target, kind)
     watchers = [store.watch(ENDPOINT), store.watch(ENDPOINT)]
     worker = store.register(ENDPOINT, device="cpu")
     store.advance(store.timing().propagation)
@@ -305,19 +316,25 @@ def test_a_killed_process_lapses_after_ttl_not_before(target: Target, renewed: b
 @covers("DSC-005", "DSC-006")
 @requires(STORE)
 @pytest.mark.parametrize(
-    ("store_named", "ttl"),
-    [(True, None), (True, 3.0), (True, 30.0), (False, 3.0)],
-    ids=["no-ttl", "ttl-3", "ttl-30", "default-store-ttl-3"],
+    ("store_named", "ttl", "kind"),
+    [
+        (True, None, None),
+        (True, 3.0, None),
+        (True, 30.0, None),
+        (False, 3.0, None),
+        (True, 3.0, "etcd"),  # on real time: the shortest
+    ],
+    ids=["no-ttl", "ttl-3", "ttl-30", "default-store-ttl-3", "etcd-ttl-3"],
 )
 def test_a_store_keeps_the_liveness_period_it_is_opened_with(
-    target: Target, tmp_path: Path, store_named: bool, ttl: float | None
+    target: Target, tmp_path: Path, store_named: bool, ttl: float | None, kind: str | None
 ) -> None:
     """``ttl`` is the one the store is opened with (``--ttl``), 10 s without one, whether
-    ``--discovery`` names the store or the default one is used: a killed process's record
-    lapses after it, not before, and a running one, renewed every ``ttl / 3``, never does."""
-    opened = target.open_discovery()
+    ``--discovery`` names the store (the target's own kind, or etcd) or the default one is
+    used: a killed process's record lapses after it, not before, and a running one, renewed
+    every ``ttl / 3``, never does."""
     environment = None if store_named else {"DYN_FILE_KV": str(tmp_path)}
-    store = opened.reopen(ttl=ttl, environment=environment)
+    store = opened(target, kind).reopen(ttl=ttl, environment=environment)
     period = DEFAULT_TTL if ttl is None else ttl
     delay = store.timing().propagation
     watcher = store.watch(ENDPOINT)
@@ -744,6 +761,7 @@ def test_a_watcher_lists_what_registers_after_an_outage(target: Target) -> None:
 # --- DSC-011: refused stores ---
 
 OWN_STORE = "<the target's own store>"
+OWN_PLACE = "<the target's own store's place, under another scheme>"
 REFUSED = [
     ("", 10.0, "--discovery"),
     ("nats:localhost:4222", 10.0, "--discovery"),
@@ -757,22 +775,26 @@ REFUSED = [
     (OWN_STORE, -1.0, "--ttl"),
     (OWN_STORE, math.inf, "--ttl"),  # never lapses: a killed worker would stay listed
     (OWN_STORE, math.nan, "--ttl"),
+    (OWN_PLACE, 10.0, "--discovery"),  # neither file: nor etcd:, though its place is usable
 ]
 
 
 @covers("DSC-011")
 @requires(STORE)
+@pytest.mark.parametrize("kind", STORES)
 @pytest.mark.parametrize(("address", "ttl", "argument"), REFUSED)
 def test_an_unusable_store_is_refused_naming_its_argument(
-    target: Target, address: str, ttl: float, argument: str
+    target: Target, address: str, ttl: float, argument: str, kind: str | None
 ) -> None:
-    store = target.open_discovery()
+    store = opened(target, kind)
     usable = store.refusal(store.address(), 10.0)
     require_compare(
         "DSC-011", usable, "is", None, f"the usable {store.address()} is refused ({usable})"
     )
     if address == OWN_STORE:
         address = store.address()
+    elif address == OWN_PLACE:
+        address = f"nats:{store.address().partition(':')[2]}"
     named = store.refusal(address, ttl)
     require_equal(
         "DSC-011",
@@ -1248,6 +1270,33 @@ def test_a_skipped_record_is_reported_again_only_when_its_fault_changes(
     )
     require_equal(
         "DSC-014", ids(store, watcher), {0xBAD}, "the record, usable again, is not listed"
+    )
+
+
+@covers("DSC-014")
+@requires(STORE)
+@pytest.mark.parametrize("kind", STORES)
+def test_a_skipped_record_that_comes_back_is_reported_again(
+    target: Target, kind: str | None
+) -> None:
+    """A skipped record is reported once per stay in the store: stored, gone (the store lost
+    its records), then stored again with the same fault, it is reported twice."""
+    store = opened(target, kind)
+    delay = store.timing().propagation
+    watcher = store.watch(ENDPOINT)
+    unusable = _record(request_plane_codec="cbor")
+    store.put_raw(ENDPOINT, 0xBAD, unusable)
+    store.advance(2 * delay)
+    store.lose_records()
+    store.advance(2 * delay)
+    store.put_raw(ENDPOINT, 0xBAD, unusable)
+    store.advance(2 * delay)
+    require_equal(
+        "DSC-014",
+        store.skipped(watcher),
+        ((BAD_KEY, "request_plane_codec"),) * 2,
+        f"a cbor record under {BAD_KEY}, lost with the store's records, then stored again: "
+        f"the watcher reported {store.skipped(watcher)}",
     )
 
 

@@ -786,13 +786,19 @@ class DiscoveryTarget(Protocol):
         ...
 
     def reopen(
-        self, *, ttl: float | None = None, environment: Mapping[str, str] | None = None
+        self,
+        *,
+        ttl: float | None = None,
+        environment: Mapping[str, str] | None = None,
+        store: str | None = None,
     ) -> DiscoveryTarget:
         """Another store, opened as a worker process opens one: with ``--ttl ttl`` (None: no
         ``--ttl``, the implementation's default), and ``--discovery`` naming a new empty store,
         or, when ``environment`` is given, no ``--discovery`` and, of the environment variables
         that choose a store (``DYN_FILE_KV``, ``TMPDIR``), just ``environment``'s; that store
-        may hold other processes' records. Its instances take the implementation's own ids."""
+        may hold other processes' records. Its instances take the implementation's own ids.
+        ``store`` chooses the new store's kind: ``"file"``, ``"etcd"`` (a new etcd server, at
+        ``etcd:http://HOST:PORT``), or None for this store's own kind."""
         ...
 
 
