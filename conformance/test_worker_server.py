@@ -159,6 +159,48 @@ def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> N
     serves_again(target, worker, "TRN-035")
 
 
+UNREAD_ITEMS = 640  # each about 25 kB (the request id's length): 16 MB, far past what the
+# socket buffers between the worker and a caller that reads nothing hold
+
+
+@covers("TRN-035")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+@pytest.mark.parametrize("ending", ["kill", "half-close"])
+def test_a_kill_ends_a_stream_whose_caller_reads_nothing(target: Target, ending: str) -> None:
+    """The handler has 640 items ready (16 MB) and the caller reads none of them, through a
+    small receive buffer, so the worker waits for the caller to read; then the caller writes
+    ``kill``, or shuts down its side. The worker ends the stream there: the caller, reading
+    at last, gets what was already on its way and then the connection's end, never the final
+    frame or the sentinel."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(UNREAD_ITEMS))
+    with listening() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited
+        port = listener.getsockname()[1]
+        target.send_raw(worker, raw_request(target.worker_path(worker), port, "u" * 25_000))
+        stream = accept(listener)
+        if stream is None:
+            pytest.fail(f"setup: worker {worker} never dialled back")
+        with stream:
+            end = ENDINGS[ending]
+            assert end is not None
+            end(stream)
+            late = closing_bytes(stream)
+    seen = frames_of(late or b"")
+    items = sum(1 for _, body in seen if isinstance(body, dict) and "data" in body)
+    require(
+        "TRN-035",
+        late is not None and (SENTINEL, None) not in seen and items < UNREAD_ITEMS,
+        f"after the caller's {ending} on a stream it had read nothing of, worker {worker} "
+        "should end the stream and close the connection without its final frame or sentinel",
+        expected=f"fewer than {UNREAD_ITEMS} items, no sentinel, the connection closed",
+        actual="still open"
+        if late is None
+        else f"{items} items, then {seen[-2:] if (SENTINEL, None) in seen else 'no sentinel'}",
+    )
+    serves_again(target, worker, "TRN-035")
+
+
 OTHER_WORDS = {  # what the caller writes; whether the worker then writes the rest
     "unknown-word": (frame(b'"pause"'), True),
     "early-reuse": (frame(RELEASE), True),  # TRN-028: a release before the sentinel is none
@@ -379,6 +421,59 @@ def test_a_request_naming_another_host_is_refused_at_its_ack(target: Target) -> 
     serves_again(target, worker, "TRN-027")
 
 
+UNRESOLVED = "nosuch.invalid"  # RFC 6761: a name under .invalid never resolves
+
+
+@covers("TRN-027")
+@requires(
+    Capability.WORKER_LIMITS,
+    Capability.RESPONSE_REUSE,
+    Capability.WIRE_TRANSPORT,
+    Capability.MOCK_CLOCK,
+)
+def test_a_response_host_that_does_not_resolve_is_refused_at_its_ack(target: Target) -> None:
+    """A response address at a name that does not resolve (``nosuch.invalid``) is refused
+    at its ACK naming the field and the name; the request written behind it on the same
+    connection, whose stream is at the check's listener, is then served: once its stream has
+    come, the refusal has been sent (the name is resolved outside the target's run, so only
+    the next stream tells the check that the answer is in)."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    with listening() as listener:
+        port = listener.getsockname()[1]
+        nowhere = usable_control(f"{UNRESOLVED}:{port}", "nowhere")
+        after = raw_request(target.worker_path(worker), port, "after")
+        target.write(connection, request_message(NO_ENDPOINT, json.dumps(nowhere).encode()) + after)
+        stream = accept(listener)
+        require(
+            "TRN-027",
+            stream is not None,
+            f"worker {worker} never dialled back for the request written after one whose "
+            f"response stream is at {UNRESOLVED}",
+        )
+        assert stream is not None
+        with stream:
+            introduced = handshake(stream)
+        target.advance_time(0.0)  # settled: the ACKs sent are read
+    seen = target.held(connection)
+    require(
+        "TRN-027",
+        not seen.closed
+        and len(seen.acks) == 2
+        and refused_naming(seen.acks[0], ADDRESS_FIELD)
+        and UNRESOLVED in seen.acks[0]
+        and seen.acks[1] == ""
+        and introduced.get("subject") == "after",
+        f"a request whose response stream is at {UNRESOLVED} (a name that does not resolve) "
+        f"should be refused at its ACK naming {ADDRESS_FIELD} and {UNRESOLVED}, and the "
+        "request behind it served, the connection kept open",
+        expected=f"ACKs [{UNAVAILABLE_ACK}… {ADDRESS_FIELD}: … {UNRESOLVED} …, ''], open, "
+        "then the stream 'after'",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}, "
+        f"then the handshake {introduced}",
+    )
+
+
 # --- TRN-036, TRN-026: a bidirectional request's stream, broken by its caller ---
 
 OVERLOADED_REASON = "capacity.worker_overloaded"  # WorkerOverloaded on the wire (TRN-032)
@@ -517,7 +612,8 @@ DIAL_BACK_HOSTS = {  # configured as --dial-back-hosts takes them: (allowed, ref
     "peer, 127.0.0.2": ((PEER, OTHER_HOST), ("127.0.0.3",)),
     "127.0.0.0/30": ((PEER, OTHER_HOST, "127.0.0.3"), ("127.0.0.4",)),
     "10.1.2.3/8": (("10.200.0.1",), (PEER, "11.0.0.1")),  # host bits set: the network 10/8
-    "any": ((PEER, "10.1.2.3", "[2001:db8::1]"), ()),
+    # any: an IPv6 literal with a zone (RFC 4007) is an address too, whatever its interface
+    "any": ((PEER, "10.1.2.3", "[2001:db8::1]", "[fe80::1%no-such-zone]"), ()),
 }
 
 
