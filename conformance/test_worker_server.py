@@ -558,6 +558,40 @@ def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, b
     serves_again(target, worker, requirement)
 
 
+@covers("TRN-026")
+@requires(
+    Capability.RESPONSE_REUSE,
+    Capability.WIRE_TRANSPORT,
+    Capability.WORKER_LIMITS,
+    Capability.SCRIPT_STALL,
+    Capability.MOCK_CLOCK,
+)
+def test_a_response_stream_frame_past_the_byte_budget_ends_the_stream(target: Target) -> None:
+    """A worker whose byte budget is 4096 bytes has a stream open, its handler stalled
+    after one item; the caller writes on it a frame of 96 KiB (an unknown word, within the
+    control message's bound, so only the budget is at stake): the worker does not hold it,
+    and ends the stream as a ``kill`` does, writing nothing more."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    target.script_worker(worker, Stall(items=1, items_after=3))
+    with listening() as listener:
+        stream = opened_stream(target, worker, listener, "budget")
+        with stream:
+            stream.sendall(frame(b'"' + b"w" * (96 * 1024) + b'"'))
+            target.advance_time(0.0)  # settled: the worker has read what it will
+            target.release_stalled(worker)
+            late = closing_bytes(stream)
+    require(
+        "TRN-026",
+        late == b"",
+        f"a 96 KiB frame on a stream of worker {worker}, whose byte budget is {BUDGET} "
+        "bytes, should end the stream as a kill does: nothing more written, the connection "
+        "closed; "
+        + ("it kept it open" if late is None else f"it wrote {frames_of(late) or late[:120]!r}"),
+    )
+    target.release_stalled(worker)
+    serves_again(target, worker, "TRN-026")
+
+
 # --- TRN-022: the dial-back that fails a request in its prologue ---
 
 
