@@ -89,12 +89,13 @@ def frames_of(data: bytes) -> list[tuple[bytes, object]]:
 
 
 def opened_stream(
-    target: Target, worker: int, listener: socket.socket, subject: str
+    target: Target, worker: int, listener: socket.socket, subject: str, *, offer: bool = False
 ) -> socket.socket:
-    """Send a request to ``worker``'s served path; its accepted response stream, read past
-    the handshake, the prologue and the first data item."""
+    """Send a request to ``worker``'s served path (offering reuse, TRN-028, if ``offer``);
+    its accepted response stream, read past the handshake, the prologue and the first data
+    item."""
     port = listener.getsockname()[1]
-    target.send_raw(worker, raw_request(target.worker_path(worker), port, subject))
+    target.send_raw(worker, reuse_request(target.worker_path(worker), port, subject, offer=offer))
     stream = accept(listener)
     if stream is None:
         pytest.fail(f"setup: worker {worker} never dialled back for {subject}")
@@ -125,16 +126,18 @@ ENDINGS = {
     Capability.SCRIPT_STALL,
     Capability.MOCK_CLOCK,
 )
+@pytest.mark.parametrize("offer", [False, True], ids=["not-offered", "offered"])
 @pytest.mark.parametrize("ending", list(ENDINGS))
-def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> None:
+def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str, offer: bool) -> None:
     """The handler is stalled after its first item; the caller writes ``kill`` and keeps
     its end of the connection open, or shuts down its side (the caller went away). The
     worker ends the stream while its handler is still stalled: it closes the connection
-    without writing anything more."""
+    without writing anything more, at once, even where the caller had offered reuse (a
+    stream cut short leaves no connection to release)."""
     worker = target.add_worker()
     target.script_worker(worker, Stall(items=1, items_after=3))
     with listening() as listener:
-        stream = opened_stream(target, worker, listener, "told")
+        stream = opened_stream(target, worker, listener, "told", offer=offer)
         with stream:
             end = ENDINGS[ending]
             if end is None:
@@ -147,8 +150,10 @@ def test_a_kill_ends_the_worker_stream_at_once(target: Target, ending: str) -> N
             require(
                 "TRN-035",
                 late == b"",
-                f"after the caller's {ending} on a stalled stream, worker {worker} should close "
-                "the connection without writing anything more; "
+                f"after the caller's {ending} on a stalled stream"
+                + (" it had offered for reuse" if offer else "")
+                + f", worker {worker} should close the connection at once without writing "
+                "anything more; "
                 + (
                     "it kept it open"
                     if late is None
