@@ -415,9 +415,9 @@ class DynamoDiscovery:
             unreachable(NO_STORE_ARGUMENTS)
         if store not in (None, "file"):
             unreachable(f"this adapter runs 1.6.1's file store only, not an {store} store")
-        store = DynamoDiscovery(environment)
-        self._reopened.append(store)
-        return store
+        reopened = DynamoDiscovery(environment)
+        self._reopened.append(reopened)
+        return reopened
 
 
 class DiscoveryOnlyTarget(Unsupported):

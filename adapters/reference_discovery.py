@@ -41,6 +41,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -58,10 +59,13 @@ from routespec.discovery.file_store import (
     write_atomic,
 )
 from routespec.discovery.instances import Discovery, Instance
-from routespec.discovery.store import DiscoveryError, Registration, SkippedRecord
+from routespec.discovery.store import DiscoveryError, DiscoveryStore, Registration, SkippedRecord
 from routespec.discovery.url import open_store
 from routespec.testing.portal import TrioPortal
 from routespec.testing.target import DiscoveryTarget, DiscoveryTiming, ListedInstance, StoredRecord
+
+if TYPE_CHECKING:
+    from routespec.discovery.etcd_store import EtcdStore
 
 POLL_INTERVAL = 0.2  # the file store's default: how often a watcher rescans the directory
 FIRST_PORT = 40_000  # the (unserved) port of the first instance's address
@@ -120,8 +124,95 @@ class Watcher:
         self.skips.append((key, skipped.field))
 
 
-class ReferenceDiscovery:
+class StoreProcesses:
+    """What the file and etcd store targets share: worker processes holding a registration,
+    watchers' reports, and refusals."""
+
+    KIND: str  # the kind of store: "file" or "etcd"
+    _portal: TrioPortal
+    _seed: int
+    _store: DiscoveryStore
+    _workers: dict[int, WorkerProcess]
+    _watchers: list[Watcher]
+    _endpoints: dict[int, str]  # every id registered or put, by its endpoint
+    _ports: Iterator[int]
+    _nursery: trio.Nursery
+
+    def register(self, endpoint: str, *, device: str = "cuda") -> int:
+        instance_id, named = self._start(endpoint, device, "127.0.0.1")
+        assert named is None, f"registering {endpoint} was refused naming {named}"
+        return instance_id
+
+    def register_refusal(
+        self, endpoint: str, *, device: str = "cuda", host: str = "127.0.0.1"
+    ) -> str | None:
+        try:  # as `routespec worker --endpoint` parses it
+            parse_endpoint(endpoint)
+        except argparse.ArgumentTypeError:
+            return "--endpoint"
+        return self._start(endpoint, device, host)[1]
+
+    def _start(self, endpoint: str, device: str, host: str) -> tuple[int, str | None]:
+        instance_id = self._fresh_id()
+        address = f"{host}:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
+        worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
+
+        async def start() -> str | None:
+            try:
+                await self._nursery.start(self._run, worker)
+            except DiscoveryError as refused:  # DSC-015: the store's own registration refused
+                return refused.field
+            return None
+
+        named = self._portal.call(start)
+        if named is None:
+            self._workers[instance_id] = worker
+            self._endpoints[instance_id] = endpoint
+        return instance_id, named
+
+    def _fresh_id(self) -> int:
+        raise NotImplementedError
+
+    async def _run(self, worker: WorkerProcess, *, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            async with self._store.registration(worker.instance) as registration:
+                worker.registration = registration
+                task_status.started()
+                await worker.stop.wait()
+        finally:
+            worker.stopped.set()
+
+    def withdraw(self, instance_id: int) -> None:
+        registration = self._workers[instance_id].registration
+        assert registration is not None
+        self._portal.call(registration.withdraw)
+
+    def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
+        return tuple(self._watchers[watcher].log)
+
+    def skipped(self, watcher: int) -> tuple[tuple[str, str], ...]:
+        return tuple(self._watchers[watcher].skips)
+
+    def refusal(self, address: str, ttl: float) -> str | None:
+        return refusal(self._portal, address, ttl)
+
+    def reopen(
+        self,
+        *,
+        ttl: float | None = None,
+        environment: Mapping[str, str] | None = None,
+        store: str | None = None,
+    ) -> DiscoveryTarget:
+        if (store or self.KIND) == "etcd" and environment is None:
+            return EtcdDiscovery(self._portal, self._seed + 1, ttl)
+        return ReferenceDiscovery(self._portal, self._seed + 1, ttl, environment)
+
+
+class ReferenceDiscovery(StoreProcesses):
     """The file store of one target; every call settles inside the target's portal."""
+
+    KIND = "file"
+    _store: FileStore
 
     def __init__(
         self,
@@ -173,61 +264,12 @@ class ReferenceDiscovery:
 
     # worker processes
 
-    def register(self, endpoint: str, *, device: str = "cuda") -> int:
-        instance_id = self._fresh_id()
-        address = f"127.0.0.1:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
-        worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
-        self._workers[instance_id] = worker
-        self._endpoints[instance_id] = endpoint
-
-        async def start() -> None:
-            await self._nursery.start(self._run, worker)
-
-        self._portal.call(start)
-        return instance_id
-
-    def register_refusal(
-        self, endpoint: str, *, device: str = "cuda", host: str = "127.0.0.1"
-    ) -> str | None:
-        try:  # as `routespec worker --endpoint` parses it
-            parse_endpoint(endpoint)
-        except argparse.ArgumentTypeError:
-            return "--endpoint"
-        instance_id = self._fresh_id()
-        address = f"{host}:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
-        worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
-
-        async def start() -> str | None:
-            try:
-                await self._nursery.start(self._run, worker)
-            except DiscoveryError as refused:  # DSC-015: the store's own registration refused
-                return refused.field
-            self._workers[instance_id] = worker
-            self._endpoints[instance_id] = endpoint
-            return None
-
-        return self._portal.call(start)
-
     def _fresh_id(self) -> int:
         if self._own_ids:
             return random_instance_id()
         while (instance_id := self._ids.getrandbits(64)) in self._endpoints:
             pass
         return instance_id
-
-    async def _run(self, worker: WorkerProcess, *, task_status: trio.TaskStatus[None]) -> None:
-        try:
-            async with self._store.registration(worker.instance) as registration:
-                worker.registration = registration
-                task_status.started()
-                await worker.stop.wait()
-        finally:
-            worker.stopped.set()
-
-    def withdraw(self, instance_id: int) -> None:
-        registration = self._workers[instance_id].registration
-        assert registration is not None
-        self._portal.call(registration.withdraw)
 
     def lapse(self, instance_id: int) -> None:
         worker = self._workers[instance_id]
@@ -285,12 +327,6 @@ class ReferenceDiscovery:
         assert discovery is not None
         return listing(discovery)
 
-    def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
-        return tuple(self._watchers[watcher].log)
-
-    def skipped(self, watcher: int) -> tuple[tuple[str, str], ...]:
-        return tuple(self._watchers[watcher].skips)
-
     # the store itself
 
     def record(self, instance_id: int) -> StoredRecord | None:
@@ -333,20 +369,6 @@ class ReferenceDiscovery:
         for entry in entries:
             stat = entry.stat(follow_symlinks=False)
             os.utime(entry.path, ns=(stat.st_atime_ns - shift, stat.st_mtime_ns - shift))
-
-    def refusal(self, address: str, ttl: float) -> str | None:
-        return refusal(self._portal, address, ttl)
-
-    def reopen(
-        self,
-        *,
-        ttl: float | None = None,
-        environment: Mapping[str, str] | None = None,
-        store: str | None = None,
-    ) -> DiscoveryTarget:
-        if store == "etcd" and environment is None:
-            return EtcdDiscovery(self._portal, self._seed + 1, ttl)
-        return ReferenceDiscovery(self._portal, self._seed + 1, ttl, environment)
 
 
 def listing(discovery: Discovery) -> dict[int, ListedInstance]:
@@ -391,7 +413,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class EtcdDiscovery:
+class EtcdDiscovery(StoreProcesses):
     """The reference's etcd store as a ``DiscoveryTarget``, against an etcd server of its own
     (Debian's ``etcd-server``; the check is SKIP where ``etcd`` is not installed).
 
@@ -403,6 +425,9 @@ class EtcdDiscovery:
     under a lease of ``ttl`` that nobody keeps alive. ``lose_records`` revokes every lease
     and deletes every key, as an etcd restarted without its data.
     """
+
+    KIND = "etcd"
+    _store: EtcdStore
 
     def __init__(self, portal: TrioPortal, seed: int, ttl: float | None = None) -> None:
         import pytest
@@ -485,52 +510,10 @@ class EtcdDiscovery:
 
     # worker processes
 
-    def register(self, endpoint: str, *, device: str = "cuda") -> int:
-        instance_id, named = self._start(endpoint, device, "127.0.0.1")
-        assert named is None, f"registering {endpoint} was refused naming {named}"
-        return instance_id
-
-    def register_refusal(
-        self, endpoint: str, *, device: str = "cuda", host: str = "127.0.0.1"
-    ) -> str | None:
-        try:  # as `routespec worker --endpoint` parses it
-            parse_endpoint(endpoint)
-        except argparse.ArgumentTypeError:
-            return "--endpoint"
-        return self._start(endpoint, device, host)[1]
-
-    def _start(self, endpoint: str, device: str, host: str) -> tuple[int, str | None]:
+    def _fresh_id(self) -> int:
         while (instance_id := self._ids.getrandbits(64)) in self._endpoints:
             pass
-        address = f"{host}:{next(self._ports)}/{transport_path(endpoint, instance_id)}"
-        worker = WorkerProcess(Instance(instance_id, endpoint, address, device))
-
-        async def start() -> str | None:
-            try:
-                await self._nursery.start(self._run, worker)
-            except DiscoveryError as refused:
-                return refused.field
-            return None
-
-        named = self._portal.call(start)
-        if named is None:
-            self._workers[instance_id] = worker
-            self._endpoints[instance_id] = endpoint
-        return instance_id, named
-
-    async def _run(self, worker: WorkerProcess, *, task_status: trio.TaskStatus[None]) -> None:
-        try:
-            async with self._store.registration(worker.instance) as registration:
-                worker.registration = registration
-                task_status.started()
-                await worker.stop.wait()
-        finally:
-            worker.stopped.set()
-
-    def withdraw(self, instance_id: int) -> None:
-        registration = self._workers[instance_id].registration
-        assert registration is not None
-        self._portal.call(registration.withdraw)
+        return instance_id
 
     def lapse(self, instance_id: int) -> None:
         worker = self._workers[instance_id]
@@ -560,8 +543,9 @@ class EtcdDiscovery:
         self._call("/v3/kv/put", {"key": b64(key), "value": b64(value), "lease": lease})
 
     def lose_records(self) -> None:
-        for lease in self._call("/v3/lease/leases", {}).get("leases") or []:
-            assert isinstance(lease, dict)
+        leases = self._call("/v3/lease/leases", {}).get("leases") or []
+        assert isinstance(leases, list), leases
+        for lease in leases:
             self._call("/v3/lease/revoke", {"ID": lease["ID"]})
         prefix, b64 = f"{INSTANCES_BUCKET}/", self._etcd.b64
         end = self._etcd.prefix_end(prefix)
@@ -595,12 +579,6 @@ class EtcdDiscovery:
 
         return self._portal.call(snapshot)
 
-    def events(self, watcher: int) -> tuple[tuple[str, int], ...]:
-        return tuple(self._watchers[watcher].log)
-
-    def skipped(self, watcher: int) -> tuple[tuple[str, str], ...]:
-        return tuple(self._watchers[watcher].skips)
-
     # the store itself
 
     def record(self, instance_id: int) -> StoredRecord | None:
@@ -626,20 +604,6 @@ class EtcdDiscovery:
 
             self._portal.call(jump)
             remaining -= step
-
-    def refusal(self, address: str, ttl: float) -> str | None:
-        return refusal(self._portal, address, ttl)
-
-    def reopen(
-        self,
-        *,
-        ttl: float | None = None,
-        environment: Mapping[str, str] | None = None,
-        store: str | None = None,
-    ) -> DiscoveryTarget:
-        if store == "file" or environment is not None:
-            return ReferenceDiscovery(self._portal, self._seed + 1, ttl, environment)
-        return EtcdDiscovery(self._portal, self._seed + 1, ttl)
 
 
 class KeyedWatcher(Watcher):
