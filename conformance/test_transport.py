@@ -61,6 +61,7 @@ from routespec.testing.target import (
     WireFault,
     WorkerScript,
     WriteAck,
+    WriteAcks,
     WriteFrame,
     WritePrologue,
 )
@@ -361,14 +362,22 @@ def test_an_ack_at_its_bound_is_read_whole(target: Target) -> None:
     )
 
 
+CUT_ACKS = {  # the part the connection ends in: 2 bytes of the prefix, or 23 of 100 of the text
+    "ack.len": WriteAck(b"", length=100, close=True, cut=2),
+    "ack": WriteAck(b"Server unavailable: que", length=100, close=True),
+}
+
+
 @covers("TRN-041", "TRN-033")
 @requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
-def test_an_ack_cut_short_is_named_by_its_text(target: Target) -> None:
-    """The worker declares a 100-byte ACK, sends 23 bytes of it and closes the connection:
-    the request fails at once before any stream with ``Disconnected`` naming ``ack``, and the
-    worker's next request is served on a new connection."""
+@pytest.mark.parametrize("part", list(CUT_ACKS))
+def test_an_ack_cut_short_is_named_by_its_text(target: Target, part: str) -> None:
+    """The worker sends 2 bytes of an ACK's 4-byte prefix, or declares a 100-byte ACK and
+    sends 23 bytes of it, and closes the connection: the request fails at once before any
+    stream with ``Disconnected`` naming ``ack.len`` or ``ack``, and the worker's next
+    request is served on a new connection."""
     worker = target.add_worker()
-    target.script_worker(worker, WriteAck(b"Server unavailable: que", length=100, close=True))
+    target.script_worker(worker, CUT_ACKS[part])
     outcome = finished(target, target.submit(Direct(worker)), "TRN-033")
     require(
         "TRN-033",
@@ -379,9 +388,9 @@ def test_an_ack_cut_short_is_named_by_its_text(target: Target) -> None:
     assert outcome.error is not None
     require(
         "TRN-041",
-        names_field(outcome.error.links[0][1], "ack"),
-        f"the connection ended inside the ACK's text: the error should name 'ack'; it says "
-        f"{outcome.error.links[0][1]!r}",
+        names_field(outcome.error.links[0][1], part),
+        f"the connection ended inside the ACK's {'prefix' if part == 'ack.len' else 'text'}: "
+        f"the error should name {part!r}; it says {outcome.error.links[0][1]!r}",
     )
     serves_again(target, worker, "TRN-033")
 
@@ -428,6 +437,40 @@ def test_an_ack_that_is_not_utf8_is_read_with_replacements(target: Target) -> No
         f"an ACK 'Server overloaded: queue <0xff> full' should fail before the stream with "
         f"{expected}, its text read with U+FFFD for the byte that is not UTF-8; got {outcome}",
     )
+
+
+TOGETHER = (b"Server unavailable: first \xff", b"Server overloaded: queue \xff full")
+
+
+@covers("TRN-038")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize("split", [None, 2], ids=["whole", "split"])
+def test_acks_written_together_are_each_read_whole(
+    target: Target, adapter: Adapter, split: int | None
+) -> None:
+    """Two requests to one worker, which writes their ACKs together in one write, or with
+    the second cut 2 bytes into its text and the rest 0.1 s later: each request fails before
+    the stream with its own rejection and its whole text, read with U+FFFD for the byte that
+    is not UTF-8."""
+    worker = target.add_worker()
+    target.script_worker(worker, WriteAcks(TOGETHER, split))
+    first, second = target.submit(Direct(worker)), target.submit(Direct(worker))
+    if Capability.MOCK_CLOCK in adapter.capabilities:
+        target.advance_time(0.5)  # the rest of a split ACK; the wait for a second request
+    for request, overloaded, text in (
+        (first, False, "first \ufffd"),
+        (second, True, "queue \ufffd full"),
+    ):
+        outcome = finished(target, request, "TRN-038")
+        expected = oracle.REJECTION_TYPES[overloaded]
+        require(
+            "TRN-038",
+            refused_before_stream(outcome, expected, text),
+            f"worker {worker} wrote the ACKs {TOGETHER} together"
+            + ("" if split is None else f", the second cut {split} bytes into its text")
+            + f": {request} should fail before the stream with {expected} carrying "
+            f"{text!r}; got {outcome}",
+        )
 
 
 # --- TRN-005, TRN-006 ---
@@ -699,6 +742,7 @@ def test_a_broken_frame_ends_the_stream_with_an_error_item(
 
 
 CUT_FRAMES = {  # the part the connection ends in: the frame that declares it too long
+    "two_part": Misbehave(1, WireFault.CUT_IN_PREFIX),  # 10 bytes of its prefix, then the close
     "two_part.header": WriteFrame(1, header_length=4096),
     "two_part.body": WriteFrame(1, body='{"data": {"data": 1}}', body_length=4096),
 }
@@ -715,9 +759,10 @@ CUT_FRAMES = {  # the part the connection ends in: the frame that declares it to
 def test_a_frame_cut_short_ends_the_stream_with_an_error_item(target: Target, part: str) -> None:
     """After one item the worker writes a frame prefix declaring a 4 KiB header (or body)
     and sends only the final frame and sentinel behind it, then closes the connection
-    (TRN-028: at most 1 s after its sentinel): the caller waits for the rest of the frame
-    while the connection is open, and its end inside the frame ends the stream with one
-    error item, which names the part it ended in."""
+    (TRN-028: at most 1 s after its sentinel), or it closes the connection 10 bytes into a
+    prefix: the caller waits for the rest of the frame while the connection is open, and its
+    end inside the frame ends the stream with one error item, which names the part it ended
+    in."""
     worker = target.add_worker()
     target.script_worker(worker, CUT_FRAMES[part])
     request = target.submit(Direct(worker))
@@ -729,8 +774,9 @@ def test_a_frame_cut_short_ends_the_stream_with_an_error_item(target: Target, pa
     require(
         "TRN-041",
         names_field(message, part),
-        f"worker {worker}'s connection ended inside a frame's {part.split('.')[1]}: the error "
-        f"item should name {part!r}; it says {message!r}",
+        f"worker {worker}'s connection ended inside a frame's "
+        f"{part.partition('.')[2] or 'prefix'}: the error item should name {part!r}; it says "
+        f"{message!r}",
     )
     require_equal("TRN-015", target.transport_inflight(), 0, "the cut-short stream still counts")
     serves_again(target, worker, "TRN-012")

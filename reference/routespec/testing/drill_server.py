@@ -8,6 +8,7 @@ the ACK without dialling back, and after the handshake without the prologue.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -27,6 +28,7 @@ from routespec.testing.target import (
     SilentStage,
     WireFault,
     WriteAck,
+    WriteAcks,
     WritePrologue,
 )
 from routespec.transport.codecs import PayloadCodec, encode_json
@@ -75,6 +77,8 @@ class DrillWorkerServer(WorkerServer):
     ) -> None:
         super().__init__(host, port, limits)
         self.control_messages: dict[str, dict[str, object]] = {}  # by request id, as read
+        self._held_acks: dict[FramedConnection, list[bytes]] = {}  # WriteAcks, not yet sent
+        self._acks_written: dict[FramedConnection, int] = {}  # WriteAcks texts taken so far
 
     async def _accept(
         self, connection: FramedConnection, path: str, payload: bytes, reuse: bool
@@ -83,6 +87,9 @@ class DrillWorkerServer(WorkerServer):
         handler = self._handlers.get(path)
         if isinstance(handler, ScriptedWorker) and isinstance(handler.script, WriteAck):
             await self._write_ack(connection, handler.script)
+            return
+        if isinstance(handler, ScriptedWorker) and isinstance(handler.script, WriteAcks):
+            await self._hold_ack(connection, handler.script)
             return
         worker = silent_at(handler, SilentStage.ACK)
         if worker is not None:
@@ -105,9 +112,37 @@ class DrillWorkerServer(WorkerServer):
 
     async def _write_ack(self, connection: FramedConnection, ack: WriteAck) -> None:
         length = len(ack.text) if ack.length is None else ack.length
-        await connection.send(ACK_PREFIX.pack(length) + ack.text)
+        await connection.send((ACK_PREFIX.pack(length) + ack.text)[: ack.cut])
         if ack.close:
             await connection.aclose()
+
+    async def _hold_ack(self, connection: FramedConnection, acks: WriteAcks) -> None:
+        """Hold the next of ``acks.texts`` with the ACKs held on ``connection``; write them
+        all once as many are held as there are texts, or 0.5 s after the first."""
+        taken = self._acks_written.get(connection, 0)
+        self._acks_written[connection] = taken + 1
+        held = self._held_acks.setdefault(connection, [])
+        held.append(acks.texts[taken % len(acks.texts)])
+        if len(held) == len(acks.texts):
+            await self._write_held_acks(connection, acks.split)
+        elif len(held) == 1:
+            self._start(connection.peer, self._write_held_acks, connection, acks.split, 0.5)
+
+    async def _write_held_acks(
+        self, connection: FramedConnection, split: int | None, after: float = 0.0
+    ) -> None:
+        if after:
+            await trio.sleep(after)
+        held = self._held_acks.pop(connection, [])
+        if not held:
+            return  # written already
+        data = b"".join(ACK_PREFIX.pack(len(text)) + text for text in held)
+        cut = len(data) if split is None else len(data) - len(held[-1]) + split
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            await connection.send(data[:cut])
+            if cut < len(data):
+                await trio.sleep(RESET_AFTER)  # the caller reads the first part alone
+                await connection.send(data[cut:])
 
     async def _respond(
         self,
@@ -207,13 +242,19 @@ class DrillWorkerServer(WorkerServer):
             # The stream ends here; the connection is kept if the caller releases it.
             await _await_release(out._connection, self.response_pool)
             return False
+        elif item.fault is WireFault.CUT_IN_PREFIX:
+            await out.write(final_frame(codec)[:10])
         elif item.fault is WireFault.RESET_BEFORE_FINAL:
             await out.flush()
             await trio.sleep(RESET_AFTER)  # the caller reads the items first
             stream = out._connection.stream  # the writer keeps no other handle on it
             if isinstance(stream, trio.SocketStream):  # closed with linger 0: a reset
                 stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        return item.fault not in (WireFault.EOF_BEFORE_FINAL, WireFault.RESET_BEFORE_FINAL)
+        return item.fault not in (
+            WireFault.EOF_BEFORE_FINAL,
+            WireFault.RESET_BEFORE_FINAL,
+            WireFault.CUT_IN_PREFIX,
+        )
 
 
 async def serve_black_hole(*, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:

@@ -176,6 +176,7 @@ class WireFault(enum.Enum):
     NO_CALL_HOME = "no-call-home"  # ACK the request, never open its response stream
     RESET_BEFORE_FINAL = "reset-before-final"  # the items read, the connection reset (RST)
     LATE_SENTINEL = "late-sentinel"  # complete_final, then the sentinel 0.1 s later
+    CUT_IN_PREFIX = "cut-in-prefix"  # 10 bytes of a frame's 24-byte prefix, then the close
 
 
 @attrs.frozen
@@ -228,12 +229,27 @@ class WritePrologue:
 class WriteAck:
     """Answer with an ACK whose text is the bytes ``text``, its ``u32`` prefix declaring
     ``length`` (None: the text's true length), and nothing more: no response stream follows;
-    with ``close``, then close the request-plane connection (wire targets only,
+    with ``close``, then close the request-plane connection; with ``cut``, only the first
+    ``cut`` bytes of the prefix and text are sent (wire targets only,
     Capability.SCRIPT_WIRE_FAULTS)."""
 
     text: bytes
     length: int | None = None
     close: bool = False
+    cut: int | None = None
+
+
+@attrs.frozen
+class WriteAcks:
+    """Answer the requests that arrive on one request-plane connection with ACKs whose texts
+    are ``texts``, in turn, and nothing more: an ACK is held until ``len(texts)`` are held on
+    the connection, or 0.5 s of the target's clock after the first of them, and the held ACKs
+    then go out in one write, as a worker working through a queue writes them; with
+    ``split``, that write stops ``split`` bytes into the text of its last ACK, whose rest
+    follows 0.1 s later (wire targets only, Capability.SCRIPT_WIRE_FAULTS)."""
+
+    texts: tuple[bytes, ...]
+    split: int | None = None
 
 
 @attrs.frozen
@@ -313,6 +329,7 @@ WorkerScript = (
     | WriteFrame
     | WritePrologue
     | WriteAck
+    | WriteAcks
     | CancelThenFail
     | TerminalThen
     | TerminalFlood
