@@ -167,11 +167,13 @@ def test_an_unusable_response_address_is_refused_naming_its_field(target: Target
 def invalid_argument(prologue: object) -> str | None:
     """The text of a prologue that fails its request with ``InvalidArgument`` (where the
     wire carries the type, ``typed_error``, it is that type); None for any other."""
-    if not isinstance(prologue, dict) or not isinstance(prologue.get("error"), str):
+    if not isinstance(prologue, dict):
         return None
-    typed = prologue.get("typed_error")
+    text, typed = prologue.get("error"), prologue.get("typed_error")
+    if not isinstance(text, str):
+        return None
     if typed is None or (isinstance(typed, dict) and typed.get("error_type") == "InvalidArgument"):
-        return prologue["error"]
+        return text
     return None
 
 
