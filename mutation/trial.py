@@ -78,7 +78,8 @@ def run(
         environment["PYTHONPATH"] = os.pathsep.join(
             [src, *[p for p in environment["PYTHONPATH"].split(os.pathsep) if "mutants" not in p]]
         )
-        command = [sys.executable, "-m", "pytest", "-x", "-q", *pytest_args(adapter)]
+        command = [*mutmut_driver.without_mode_override(), sys.executable, "-m", "pytest"]
+        command += ["-x", "-q", *pytest_args(adapter)]
         command += [_staged_path(a) for a in checks]
         for name in ["", *names]:
             if name:
