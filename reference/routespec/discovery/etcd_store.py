@@ -18,7 +18,6 @@ from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import attrs
-import httpx
 import trio
 
 from routespec.discovery.file_store import (
@@ -42,6 +41,15 @@ from routespec.discovery.store import (
     SkippedRecords,
     log_skipped,
 )
+
+try:
+    import httpx
+except ModuleNotFoundError as missing:  # the optional extra; url.open_store imports this
+    if missing.name != "httpx":
+        raise
+    raise DiscoveryError(
+        FIELD, "etcd:URL needs the 'etcd' extra: pip install 'routespec[etcd]'"
+    ) from None
 
 REQUEST_TIMEOUT = 5.0
 RECONNECT_DELAY = 0.5  # seconds between attempts while etcd is unreachable

@@ -1,7 +1,7 @@
 """Choose a discovery store from its command-line spelling: ``file:DIR`` or ``etcd:URL``.
 
 The etcd store needs httpx, the optional ``etcd`` extra: it is imported only when an
-``etcd:`` store is asked for."""
+``etcd:`` store is asked for, and refuses the spelling itself when httpx is missing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from routespec.discovery.file_store import DEFAULT_TTL, FileStore, default_root
 from routespec.discovery.store import FIELD, DiscoveryError, DiscoveryStore
 
 EXAMPLES = "file:DIR or etcd:http://HOST:PORT"
-ETCD_MODULE = "httpx"  # what the ``etcd`` extra installs
 
 
 def open_store(spec: str | None, ttl: float = DEFAULT_TTL) -> DiscoveryStore:
@@ -27,13 +26,7 @@ def open_store(spec: str | None, ttl: float = DEFAULT_TTL) -> DiscoveryStore:
     if scheme == "file" and location:
         return FileStore(location, ttl)
     if scheme == "etcd" and location:
-        try:
-            from routespec.discovery.etcd_store import EtcdStore
-        except ModuleNotFoundError as error:
-            if error.name != ETCD_MODULE:
-                raise
-            raise DiscoveryError(
-                FIELD, "etcd:URL needs the 'etcd' extra: pip install 'routespec[etcd]'"
-            ) from None
+        from routespec.discovery.etcd_store import EtcdStore  # needs the extra: DSC-011
+
         return EtcdStore(location, ttl)
     raise DiscoveryError(FIELD, f"expected {EXAMPLES}, got {spec!r}")
