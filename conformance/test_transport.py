@@ -821,6 +821,36 @@ def test_a_reset_before_final_is_disconnected(target: Target, adapter: Adapter) 
     )
 
 
+@covers("TRN-007", "TRN-042", "TRN-012")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+def test_a_reset_after_the_sentinel_ends_the_stream_cleanly(
+    target: Target, adapter: Adapter
+) -> None:
+    """The worker writes its items, ``complete_final`` and the sentinel, and resets the
+    connection (RST) in the same step: the stream completes with its items, the caller lets
+    go of the connection (a release it tries meets the reset), and the worker's next request
+    is served."""
+    worker = target.add_worker()
+    target.script_worker(worker, Misbehave(2, WireFault.RESET_AFTER_SENTINEL))
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-007")
+    require(
+        "TRN-007",
+        outcome.error is None and indices(outcome) == [0, 1],
+        f"worker {worker} sent two items, complete_final and the sentinel, then reset the "
+        f"connection; the stream should complete with the two items: {outcome}",
+    )
+    if {Capability.RESPONSE_REUSE, Capability.MOCK_CLOCK} <= adapter.capabilities:
+        target.advance_time(1.0)
+        held = target.response_connections()
+        require(
+            "TRN-042",
+            held == 0,
+            f"worker {worker} reset its response connection after the sentinel 1 s ago; the "
+            f"caller still holds {held} response connections",
+        )
+    serves_again(target, worker, "TRN-012")
+
+
 @covers("TRN-007", "TRN-029")
 @requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
 def test_a_late_sentinel_ends_the_stream_cleanly(target: Target, adapter: Adapter) -> None:

@@ -244,6 +244,13 @@ class DrillWorkerServer(WorkerServer):
             return False
         elif item.fault is WireFault.CUT_IN_PREFIX:
             await out.write(final_frame(codec)[:10])
+        elif item.fault is WireFault.RESET_AFTER_SENTINEL:
+            await out.write(final_frame(codec) + SENTINEL_FRAME)
+            await out.flush()
+            stream = out._connection.stream  # reset in the same step: before the caller reads
+            if isinstance(stream, trio.SocketStream):
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                stream.socket.close()
         elif item.fault is WireFault.RESET_BEFORE_FINAL:
             await out.flush()
             await trio.sleep(RESET_AFTER)  # the caller reads the items first
@@ -254,6 +261,7 @@ class DrillWorkerServer(WorkerServer):
             WireFault.EOF_BEFORE_FINAL,
             WireFault.RESET_BEFORE_FINAL,
             WireFault.CUT_IN_PREFIX,
+            WireFault.RESET_AFTER_SENTINEL,
         )
 
 

@@ -177,6 +177,7 @@ class WireFault(enum.Enum):
     RESET_BEFORE_FINAL = "reset-before-final"  # the items read, the connection reset (RST)
     LATE_SENTINEL = "late-sentinel"  # complete_final, then the sentinel 0.1 s later
     CUT_IN_PREFIX = "cut-in-prefix"  # 10 bytes of a frame's 24-byte prefix, then the close
+    RESET_AFTER_SENTINEL = "reset-after-sentinel"  # the final frame, sentinel, reset (RST)
 
 
 @attrs.frozen
