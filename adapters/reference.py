@@ -728,6 +728,7 @@ WIRE_ONLY = frozenset(
         Capability.RESPONSE_REUSE,
         Capability.WORKER_LIMITS,
         Capability.DRAIN_WORKER,
+        Capability.OBSERVE_WORKER_LOG,
     }
 )
 

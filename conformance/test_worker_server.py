@@ -9,6 +9,7 @@ of refused requests are read on request-plane connections held open to the worke
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from routespec.conformance.test_response_reuse import (
     WAIT,
     accept,
     closing_bytes,
+    first_stream,
     frame,
     handshake,
     listening,
@@ -686,6 +688,93 @@ def test_a_worker_dials_back_to_the_hosts_it_is_configured_for(target: Target, h
         )
     if PEER in allowed:  # the router's streams are at its own address: the peer
         serves_again(target, worker, "TRN-027")
+
+
+# --- TRN-023: a failure nobody expected is logged in one line naming the peer ---
+
+WORKER_LOG = "routespec.worker"  # the logger of a target's workers (OBSERVE_WORKER_LOG)
+CLEANUP_FAULT = "the handler's cleanup failed"
+
+
+def worker_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the target's workers logged at WARNING or above, each line as written."""
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == WORKER_LOG and record.levelno >= logging.WARNING
+    ]
+
+
+@covers("TRN-023")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT, Capability.OBSERVE_WORKER_LOG)
+def test_a_handler_failing_in_its_cleanup_is_logged_in_one_line(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller kills a stream it has read nothing of while the worker waits for it to
+    read, and the handler's stream raises when the worker then closes it: nobody is left to
+    tell, so the worker logs the failure in one line naming the peer and the failure, and
+    goes on serving."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(UNREAD_ITEMS, close_fault=CLEANUP_FAULT))
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    with listening() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited
+        port = listener.getsockname()[1]
+        target.send_raw(worker, raw_request(target.worker_path(worker), port, "c" * 25_000))
+        stream = accept(listener)
+        if stream is None:
+            pytest.fail(f"setup: worker {worker} never dialled back")
+        with stream:
+            stream.sendall(frame(b'"kill"'))
+            closing_bytes(stream)
+    serves_again(target, worker, "TRN-023")
+    lines = worker_lines(caplog)
+    require(
+        "TRN-023",
+        len(lines) == 1
+        and "\n" not in lines[0]
+        and PEER in lines[0]
+        and f"RuntimeError: {CLEANUP_FAULT}" in lines[0],
+        f"worker {worker}'s handler raised RuntimeError({CLEANUP_FAULT!r}) when the worker "
+        "closed its killed stream: the worker should log that in one line naming the peer "
+        f"({PEER}) and the failure",
+        expected=f"one line naming {PEER} and RuntimeError: {CLEANUP_FAULT}",
+        actual=lines,
+    )
+
+
+@covers("TRN-023")
+@requires(
+    Capability.RESPONSE_REUSE,
+    Capability.WIRE_TRANSPORT,
+    Capability.OBSERVE_WORKER_LOG,
+    Capability.MOCK_CLOCK,
+)
+@pytest.mark.parametrize("released", [True, False], ids=["released", "not-released"])
+def test_a_stream_that_ends_as_the_protocol_lets_it_logs_no_failure(
+    target: Target, caplog: pytest.LogCaptureFixture, released: bool
+) -> None:
+    """A stream offered for reuse is read to its sentinel; its caller releases the
+    connection, or does not and the worker closes it a second later (TRN-028). Nothing
+    failed, so the worker logs no failure."""
+    worker = target.add_worker()
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    with listening() as listener:
+        stream, _ = first_stream(target, worker, listener, offer=True)
+        with stream:
+            if released:
+                stream.sendall(frame(RELEASE))
+            target.advance_time(1.0)  # past any release's wait: the worker has decided
+    lines = worker_lines(caplog)
+    require(
+        "TRN-023",
+        not lines,
+        f"worker {worker} served a stream whose caller "
+        + ("released" if released else "did not release")
+        + " its connection: nothing failed, so it should log no failure",
+        expected="no line",
+        actual=lines,
+    )
 
 
 # --- TRN-029: a stream the caller watched over is as reusable as any ---

@@ -118,7 +118,10 @@ class ScriptedWorker:
             raise build_error(script.error)
         if isinstance(script, Crash) and script.at_start:
             raise _crash(script)
-        return self._items(request, script, self._release)
+        items = self._items(request, script, self._release)
+        if isinstance(script, Serve) and script.close_fault is not None:
+            return _failing_when_closed(items, script.close_fault)
+        return items
 
     async def _items(
         self, request: Request, script: WorkerScript, release: trio.Event
@@ -203,6 +206,18 @@ def _token_request(payload: object) -> tuple[int, int] | None:
         return None
     budget = payload.get("max_tokens")
     return len(payload["token_ids"]), budget if isinstance(budget, int) else 16
+
+
+async def _failing_when_closed(
+    items: AsyncGenerator[object, None], fault: str
+) -> AsyncGenerator[object, None]:
+    """``items``; closed before their end, a ``RuntimeError(fault)`` (``Serve.close_fault``)."""
+    try:
+        async for item in items:
+            yield item
+    except GeneratorExit:
+        await items.aclose()
+        raise RuntimeError(fault) from None
 
 
 def _crash(script: Crash) -> Exception:

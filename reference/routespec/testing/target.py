@@ -45,6 +45,10 @@ class Capability(enum.Enum):
     OBSERVE_WORKER_BYTES = "observe:worker-bytes"
     OBSERVE_CONTROL_MESSAGE = "observe:control-message"
     OBSERVE_ERROR_TYPES = "observe:error-types"
+    OBSERVE_WORKER_LOG = "observe:worker-log"
+    """The target's workers log through Python's ``logging`` in the suite's process, on the
+    logger ``routespec.worker``, so a check reads their lines with pytest's ``caplog``
+    (spec: TRN-023)."""
     WIRE_TRANSPORT = "transport:dynamo-wire"
     FIRST_RESPONSE_GUARD = "call:first-response-guard"
     BIDIRECTIONAL = "call:bidirectional"
@@ -118,9 +122,12 @@ class Serve:
     Every scripted data item is ``{"worker": id, "request": request_id, "index": n}`` with
     ``n`` counting from 0 across the whole stream, so checks can see loss, reordering and
     which worker produced it (a text request's items are text: ``Migrate``'s ``form``).
+    With ``close_fault``, the stream raises ``RuntimeError(close_fault)`` if the worker
+    closes it before its end (a handler's fault in its own cleanup).
     """
 
     items: int = 1
+    close_fault: str | None = None
 
 
 @attrs.frozen
