@@ -741,7 +741,7 @@ def test_a_broken_frame_ends_the_stream_with_an_error_item(
     serves_again(target, worker, "TRN-012")
 
 
-CUT_FRAMES = {  # the part the connection ends in: the frame that declares it too long
+CUT_FRAMES: dict[str, WorkerScript] = {  # the part the connection ends in, and how
     "two_part": Misbehave(1, WireFault.CUT_IN_PREFIX),  # 10 bytes of its prefix, then the close
     "two_part.header": WriteFrame(1, header_length=4096),
     "two_part.body": WriteFrame(1, body='{"data": {"data": 1}}', body_length=4096),
