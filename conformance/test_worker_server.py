@@ -565,6 +565,30 @@ def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, b
     serves_again(target, worker, requirement)
 
 
+@covers("TRN-045")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+def test_a_worker_writes_only_its_handshake_on_a_request_stream(target: Target) -> None:
+    """A bidirectional request with one input, then ``complete_final``: the worker serves
+    it on its response stream, and on the request stream it dialled it writes nothing after
+    its handshake before closing it at the request's end."""
+    worker = target.add_worker()
+    with listening() as listener:
+        inputs, response = bidirectional(target, worker, listener)
+        with inputs, response:
+            inputs.sendall(data_frame(0) + FINAL_FRAME)
+            rest = closing_bytes(response)
+            written = closing_bytes(inputs)
+    frames = [] if rest is None else frames_of(rest)
+    require(
+        "TRN-045",
+        written == b"" and bool(frames) and frames[-1][0] == SENTINEL,
+        f"worker {worker} served a bidirectional request to its sentinel: on the request "
+        "stream it should have written its handshake only, then closed it",
+        expected="nothing after the handshake, then the connection's end",
+        actual="still open" if written is None else f"{written[:120]!r} after the handshake",
+    )
+
+
 @covers("TRN-026")
 @requires(
     Capability.RESPONSE_REUSE,

@@ -5,7 +5,8 @@ For each accepted request it ACKs on the same connection, dials the caller's res
 address, and writes handshake, prologue, data frames, ``complete_final`` and the sentinel.
 A ``stop`` or ``kill`` from the caller, or the caller shutting down its side, ends the stream
 at once without a final frame (TRN-035, ``_Watcher``); a bidirectional request whose request
-stream breaks ends with a typed error item (TRN-036, ``_read_inputs``). ``drain`` is a
+stream breaks ends with a typed error item (TRN-036, ``_read_inputs``), and its request
+stream carries nothing from the worker but the handshake (TRN-045). ``drain`` is a
 graceful shutdown: new requests are refused, open streams get a grace period to finish, and
 the rest end with ``Backend(EngineShutdown)`` so that their callers migrate them.
 
