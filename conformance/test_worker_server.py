@@ -8,11 +8,12 @@ of refused requests are read on request-plane connections held open to the worke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -170,6 +171,21 @@ UNREAD_ITEMS = 640  # each about 25 kB (the request id's length): 16 MB, far pas
 # socket buffers between the worker and a caller that reads nothing hold
 
 
+@contextlib.contextmanager
+def unread_stream(target: Target, worker: int) -> Iterator[socket.socket]:
+    """Send ``worker`` a request whose items each carry its 25,000-character id; its
+    response stream, accepted through a small receive buffer and not read at all."""
+    with listening() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited
+        port = listener.getsockname()[1]
+        target.send_raw(worker, raw_request(target.worker_path(worker), port, "u" * 25_000))
+        stream = accept(listener)
+        if stream is None:
+            pytest.fail(f"setup: worker {worker} never dialled back")
+        with stream:
+            yield stream
+
+
 @covers("TRN-035")
 @requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
 @pytest.mark.parametrize("ending", ["kill", "half-close"])
@@ -181,18 +197,11 @@ def test_a_kill_ends_a_stream_whose_caller_reads_nothing(target: Target, ending:
     frame or the sentinel."""
     worker = target.add_worker()
     target.script_worker(worker, Serve(UNREAD_ITEMS))
-    with listening() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited
-        port = listener.getsockname()[1]
-        target.send_raw(worker, raw_request(target.worker_path(worker), port, "u" * 25_000))
-        stream = accept(listener)
-        if stream is None:
-            pytest.fail(f"setup: worker {worker} never dialled back")
-        with stream:
-            end = ENDINGS[ending]
-            assert end is not None
-            end(stream)
-            late = closing_bytes(stream)
+    with unread_stream(target, worker) as stream:
+        end = ENDINGS[ending]
+        assert end is not None
+        end(stream)
+        late = closing_bytes(stream)
     seen = frames_of(late or b"")
     items = sum(1 for _, body in seen if isinstance(body, dict) and "data" in body)
     require(
@@ -741,16 +750,9 @@ def test_a_handler_failing_in_its_cleanup_is_logged_in_one_line(
     worker = target.add_worker()
     target.script_worker(worker, Serve(UNREAD_ITEMS, close_fault=CLEANUP_FAULT))
     caplog.set_level(logging.WARNING, logger=WORKER_LOG)
-    with listening() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited
-        port = listener.getsockname()[1]
-        target.send_raw(worker, raw_request(target.worker_path(worker), port, "c" * 25_000))
-        stream = accept(listener)
-        if stream is None:
-            pytest.fail(f"setup: worker {worker} never dialled back")
-        with stream:
-            stream.sendall(frame(b'"kill"'))
-            closing_bytes(stream)
+    with unread_stream(target, worker) as stream:
+        stream.sendall(frame(b'"kill"'))
+        closing_bytes(stream)
     serves_again(target, worker, "TRN-023")
     lines = worker_lines(caplog)
     require(
