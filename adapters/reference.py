@@ -19,12 +19,7 @@ from routespec.errors import RoutingError, bound_message, error_chain, parse_typ
 from routespec.errors import match_error_chain as reference_match_error_chain
 from routespec.host.routing_host import RoutingHost
 from routespec.migration import Migration
-from routespec.routing.deadlines import (
-    DEFAULT_DEADLINES,
-    DeadlineAware,
-    Deadlines,
-    with_deadlines,
-)
+from routespec.routing.deadlines import DeadlineAware, Deadlines, with_deadlines
 from routespec.routing.load_thresholds import LoadReport as ReferenceLoadReport
 from routespec.routing.load_thresholds import LoadThresholds as ReferenceLoadThresholds
 from routespec.routing.push_router import PushRouter
@@ -307,11 +302,9 @@ class ReferenceTarget:
 
         transport: StreamingDispatch = cluster.transport
         if config.timeouts != Timeouts() or not isinstance(transport, DeadlineAware):
-            # Derived from the transport as every router of the process shares it,
-            # deadlines applied (TMO-010: a router's own replace them, never stack).
-            transport = with_deadlines(
-                with_deadlines(transport, DEFAULT_DEADLINES), deadlines_of(config.timeouts)
-            )
+            # Derived from the transport as every router of the process shares it, with
+            # this router's deadlines (TMO-010), as a deployment's router gets them.
+            transport = with_deadlines(transport, deadlines_of(config.timeouts))
         # else as a deployment sends: through a wire transport left at its own defaults
 
         async def build() -> PushRouter:

@@ -241,9 +241,6 @@ class TcpDispatchWith:
     dispatch: TcpDispatch
     deadlines: Deadlines
 
-    def with_deadlines(self, deadlines: Deadlines) -> TcpDispatchWith:
-        return TcpDispatchWith(self.dispatch, deadlines)
-
     async def generate(self, instance: Instance, request: Request) -> DeadlineStream:
         return await self.dispatch.generate(instance, request, self.deadlines)
 
