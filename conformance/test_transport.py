@@ -976,6 +976,12 @@ def test_a_tombstoned_instance_is_never_written_to(target: Target) -> None:
     target.announce_removal(worker, False)  # an addition of one never removed changes nothing
     serves_again(target, worker, "TRN-013")
     target.announce_removal(worker, True)
+    refused_as_tombstoned(target, worker)
+    target.announce_removal(worker, False)
+    serves_again(target, worker, "TRN-013")
+
+
+def refused_as_tombstoned(target: Target, worker: int) -> None:
     before = target.worker_bytes(worker)
     outcome = finished(target, target.submit(Direct(worker)), "TRN-013")
     require(
@@ -992,8 +998,29 @@ def test_a_tombstoned_instance_is_never_written_to(target: Target) -> None:
         before,
         f"tombstoned worker {worker} received {target.worker_bytes(worker) - before} bytes",
     )
-    target.announce_removal(worker, False)
-    serves_again(target, worker, "TRN-013")
+
+
+TOMBSTONE_LIFETIME = 5.0
+
+
+@covers("TRN-013")
+@requires(
+    Capability.DIRECT,
+    Capability.ANNOUNCE_REMOVAL,
+    Capability.OBSERVE_WORKER_BYTES,
+    Capability.MOCK_CLOCK,
+)
+@pytest.mark.parametrize("elapsed", [TOMBSTONE_LIFETIME - 0.1, TOMBSTONE_LIFETIME])
+def test_a_tombstone_lasts_five_seconds(target: Target, elapsed: float) -> None:
+    """A removed instance the router still lists is refused for 5 s after the report, and
+    from the 5th second on is written to as any instance, from the first dispatch."""
+    worker = target.add_worker()
+    target.announce_removal(worker, True)
+    target.advance_time(elapsed)
+    if elapsed < TOMBSTONE_LIFETIME:
+        refused_as_tombstoned(target, worker)
+    else:
+        serves_again(target, worker, "TRN-013")
 
 
 @covers("TRN-014")
@@ -1891,6 +1918,8 @@ HANDLER_FAULTS = {  # the exception's messages; the texts of which the error mus
     "one": (("boom",), ("RuntimeError: boom",)),
     # Dynamo 1.6.1 names the group ("ExceptionGroup: ..."); the reference each leaf in turn
     "a-group": (("first", "second"), ("ExceptionGroup", "RuntimeError: first")),
+    # a lone surrogate no codec can write as it is: the error item still leaves (TRN-023)
+    "lone-surrogate": (("bad \ud800 text",), ("RuntimeError: bad",)),
 }
 
 
