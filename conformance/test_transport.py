@@ -1368,6 +1368,49 @@ def test_a_bidirectional_request_streams_its_items_to_one_worker(
     )
 
 
+@covers("TRN-042", "TRN-020")
+@requires(
+    Capability.BIDIRECTIONAL,
+    Capability.ROUND_ROBIN,
+    Capability.WIRE_TRANSPORT,
+    Capability.OBSERVE_INFLIGHT,
+    Capability.MOCK_CLOCK,
+)
+@pytest.mark.parametrize(
+    "ended_by",
+    ["drop", pytest.param("kill", marks=pytest.mark.requires(Capability.KILL_WORKER))],
+)
+def test_a_bidirectional_request_ended_with_inputs_pending_holds_nothing(
+    target: Target, ended_by: str
+) -> None:
+    """The caller has streamed two inputs and its next one is still pending when the
+    request ends — the caller drops it, or its worker dies: within a second the caller
+    holds neither of its connections, the request stream's included, and counts nothing in
+    flight."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(1))
+    request = target.submit(Bidirectional("round-robin", 2, more=True))
+    require_compare(
+        "TRN-020", target.outcome(request), "is", None, "the request ended before its inputs"
+    )
+    if ended_by == "drop":
+        target.drop(request)
+    else:
+        target.kill_worker(worker)
+    target.advance_time(1.0)
+    outcome = finished(target, request, "TRN-020")
+    echoed = [i.get("input") for i in outcome.items if isinstance(i, dict) and "input" in i]
+    require_equal("TRN-020", echoed, [0, 1], f"worker {worker} did not answer both inputs")
+    held, inflight = target.response_connections(), target.transport_inflight()
+    require(
+        "TRN-042",
+        held == 0 and inflight == 0,
+        f"a bidirectional request whose next input was pending ended ({ended_by}) 1 s ago; "
+        f"the caller still holds {held} response connections and counts {inflight} "
+        f"dispatches in flight",
+    )
+
+
 @covers("TRN-021")
 @requires(Capability.BIDIRECTIONAL)
 @pytest.mark.parametrize(
@@ -1918,8 +1961,8 @@ HANDLER_FAULTS = {  # the exception's messages; the texts of which the error mus
     "one": (("boom",), ("RuntimeError: boom",)),
     # Dynamo 1.6.1 names the group ("ExceptionGroup: ..."); the reference each leaf in turn
     "a-group": (("first", "second"), ("ExceptionGroup", "RuntimeError: first")),
-    # a lone surrogate no codec can write as it is: the error item still leaves (TRN-023)
-    "lone-surrogate": (("bad \ud800 text",), ("RuntimeError: bad",)),
+    # a lone surrogate, which UTF-8 cannot encode: U+FFFD for each of its 3 escaped bytes
+    "lone-surrogate": (("bad \ud800 text",), ("RuntimeError: bad \ufffd\ufffd\ufffd text",)),
 }
 
 

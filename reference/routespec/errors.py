@@ -130,8 +130,15 @@ def parse_type_label(label: str) -> ErrorType:
 
 
 def bound_message(message: str) -> str:
-    """Truncate a message to at most 4096 UTF-8 bytes, marking the cut (ERR-006)."""
-    encoded = message.encode()
+    """Truncate a message to at most 4096 UTF-8 bytes, marking the cut (ERR-006). A lone
+    surrogate, which UTF-8 cannot encode, becomes one U+FFFD per byte of its surrogate-escaped
+    form, as Dynamo 1.6.1 writes a Python exception's message: every codec can write the
+    message of an error item (TRN-023)."""
+    try:
+        encoded = message.encode()
+    except UnicodeEncodeError:
+        message = message.encode(errors="surrogatepass").decode(errors="replace")
+        encoded = message.encode()
     if len(encoded) <= MAX_MESSAGE_BYTES:
         return message
     keep = MAX_MESSAGE_BYTES - len(TRUNCATION_MARKER.encode())
