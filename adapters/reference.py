@@ -79,11 +79,14 @@ def observe(error: BaseException, *, pre_stream: bool) -> ObservedError:
     return ObservedError(links, pre_stream, error_class)
 
 
-async def _count_to(count: int) -> AsyncIterator[object]:
-    """A caller that streams its inputs, yielding to the scheduler between them."""
+async def _count_to(count: int, more: bool = False) -> AsyncIterator[object]:
+    """A caller that streams its inputs, yielding to the scheduler between them; with
+    ``more``, one whose next input never comes (``Bidirectional.more``)."""
     for value in range(count):
         await trio.lowlevel.checkpoint()
         yield value
+    if more:
+        await trio.sleep_forever()
 
 
 @attrs.define(eq=False)
@@ -559,7 +562,8 @@ class ReferenceTarget:
         if isinstance(call, DirectWithin):
             return await router.direct_within(request, call.worker_id, call.allowed, prepare)
         if isinstance(call, Bidirectional):
-            streamed = attrs.evolve(request, payload=RequestStream(_count_to(call.inputs)))
+            inputs = RequestStream(_count_to(call.inputs, call.more))
+            streamed = attrs.evolve(request, payload=inputs)
             return await router.generate(streamed, RouterMode(call.mode), prepare)
         permit = router.occupancy.book(call.worker_id)
         return await router.dispatch_preselected(request, call.worker_id, permit, prepare)

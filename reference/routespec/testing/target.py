@@ -387,10 +387,13 @@ class Preselected:
 @attrs.frozen
 class Bidirectional:
     """``generate()`` with a streamed request of ``inputs`` items (0, 1, …). A scripted
-    worker answers each input with ``{"worker", "request", "input": n}``, then its script."""
+    worker answers each input with ``{"worker", "request", "input": n}``, then its script.
+    With ``more``, the caller's request stream neither ends nor yields another item after
+    them: its next input is still pending when the request ends."""
 
     mode: str
     inputs: int
+    more: bool = False
 
 
 @attrs.frozen
@@ -919,8 +922,8 @@ class Target(Protocol):
 
     def response_connections(self) -> int:
         """Response-stream connections the caller holds open or waits on: streams being
-        read and connections released to their workers for reuse (0 for a transport with
-        none; Capability.OBSERVE_INFLIGHT)."""
+        read (a bidirectional request's request stream too) and connections released to
+        their workers for reuse (0 for a transport with none; Capability.OBSERVE_INFLIGHT)."""
         ...
 
     def worker_bytes(self, worker_id: int) -> int:
