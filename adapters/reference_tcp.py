@@ -248,7 +248,11 @@ class TcpCluster:
                 await self._progress.wait()
 
     async def drain(self, worker_id: int, grace_period: float) -> None:
-        await self._servers[worker_id].drain(grace_period)
+        """A graceful shutdown as ``routespec worker`` runs it on SIGTERM: the drain, then
+        the server stops (its port and every connection close), as the process exits."""
+        server = self._servers[worker_id]
+        await server.drain(grace_period)
+        server.kill()
 
     async def kill(self, worker_id: int) -> None:
         worker = self._processes.get(worker_id)

@@ -906,7 +906,8 @@ def test_a_draining_worker_refuses_new_requests_and_cuts_late_streams(
 ) -> None:
     """One stream is open (its handler stalled after one item) when the worker starts a
     graceful shutdown: a new request is refused at its ACK; the open stream completes if
-    its handler resumes within the grace period, else ends with Backend(EngineShutdown)."""
+    its handler resumes within the grace period, else ends with Backend(EngineShutdown).
+    With no stream left open, the worker stops: a request sent then cannot connect."""
     worker = target.add_worker()
     target.script_worker(worker, Stall(items=1, items_after=1))
     open_request = target.submit(Direct(worker))
@@ -932,4 +933,13 @@ def test_a_draining_worker_refuses_new_requests_and_cuts_late_streams(
         else (len(outcome.items) == 1 and shows(outcome.error, ("Backend(EngineShutdown)",))),
         f"the stream open when worker {worker} began shutting down with {GRACE} s of grace "
         f"{expected}; got {outcome}",
+    )
+    target.advance_time(0.0)  # settled: the shutdown has done what it will
+    after = finished(target, target.submit(Direct(worker)), "TRN-037")
+    require(
+        "TRN-037",
+        refused_before_stream(after, "CannotConnect"),
+        f"worker {worker} had no stream left open after its graceful shutdown began, so it "
+        "should have stopped: a request sent then should fail to connect (CannotConnect); "
+        f"got {after}",
     )
