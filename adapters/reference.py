@@ -162,6 +162,10 @@ class Cluster(Protocol):
         """An address whose connections never complete (Capability.SCRIPT_SILENCE)."""
         ...
 
+    def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
+        """The workers' resolver's answer for ``name`` (Capability.SCRIPT_NAMES)."""
+        ...
+
     # Capability.WORKER_LIMITS
     async def serve_bounded(
         self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
@@ -225,6 +229,9 @@ class InProcessCluster:
 
     async def black_hole(self) -> str:
         raise NotImplementedError("in-process workers are not connected to")
+
+    def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
+        raise NotImplementedError("in-process workers dial nothing")
 
     async def serve_bounded(
         self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
@@ -675,6 +682,9 @@ class ReferenceTarget:
     def reused_streams(self, worker_id: int) -> int:
         return self._cluster.reused_streams(worker_id)
 
+    def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
+        self._portal.call_sync(lambda: self._cluster.resolve_name(name, addresses))
+
     # raw connections held open to a worker
 
     def open_file_limit(self, worker_id: int) -> int:
@@ -726,6 +736,7 @@ WIRE_ONLY = frozenset(
         Capability.WORKER_LIMITS,
         Capability.DRAIN_WORKER,
         Capability.OBSERVE_WORKER_LOG,
+        Capability.SCRIPT_NAMES,
     }
 )
 

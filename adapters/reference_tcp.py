@@ -13,9 +13,10 @@ import collections
 import contextlib
 import itertools
 import resource
+import socket
 import subprocess
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 import trio
@@ -112,6 +113,55 @@ class RawConnection:
         return HeldConnection(tuple(self.acks), self.closed)
 
 
+class ScriptedNames(trio.abc.HostnameResolver):
+    """The portal run's resolver (Capability.SCRIPT_NAMES): the names a check set answer
+    at once with their addresses, or never (a name set to None); every other name is
+    resolved as trio resolves it by default, in a thread."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, tuple[str, ...] | None] = {}
+
+    def set(self, name: str, addresses: Sequence[str] | None) -> None:
+        self._names[name.lower()] = None if addresses is None else tuple(addresses)
+
+    async def getaddrinfo(
+        self,
+        host: bytes | None,
+        port: bytes | str | int | None,
+        family: int = 0,
+        type: int = 0,
+        proto: int = 0,
+        flags: int = 0,
+    ) -> list[
+        tuple[
+            socket.AddressFamily,
+            socket.SocketKind,
+            int,
+            str,
+            tuple[str, int] | tuple[str, int, int, int],
+        ]
+    ]:
+        name = None if host is None else host.decode("ascii", "replace").lower()
+        if name not in self._names:
+            return await trio.to_thread.run_sync(
+                socket.getaddrinfo, host, port, family, type, proto, flags, abandon_on_cancel=True
+            )
+        addresses = self._names[name]
+        if addresses is None:
+            await trio.sleep_forever()  # a resolver that never answers
+        number = int(port) if port is not None else 0
+        return [  # the literals resolve as themselves, numerically
+            info
+            for address in addresses or ()
+            for info in socket.getaddrinfo(address, number, family, type, proto, flags)
+        ]
+
+    async def getnameinfo(
+        self, sockaddr: tuple[str, int] | tuple[str, int, int, int], flags: int
+    ) -> tuple[str, str]:
+        return await trio.to_thread.run_sync(socket.getnameinfo, sockaddr, flags)
+
+
 def worker_limits(bounds: WorkerBounds) -> WorkerLimits:
     """The server's limits: those ``bounds`` sets, the server's own defaults for the rest."""
     given = {name: value for name, value in attrs.asdict(bounds).items() if value is not None}
@@ -132,6 +182,8 @@ class TcpCluster:
         self._held: dict[int, RawConnection] = {}
         self._reused: collections.Counter[int] = collections.Counter()  # streams per worker
         self._handles = itertools.count(1)
+        self._names = ScriptedNames()
+        portal.call_sync(lambda: trio.socket.set_custom_hostname_resolver(self._names))
         self.transport = portal.call(self._open_dispatch)
 
     async def _open_dispatch(self) -> TcpDispatch:
@@ -299,6 +351,9 @@ class TcpCluster:
         if worker_id in self._processes:
             raise NotImplementedError("a worker process keeps its response pool to itself")
         return self._reused[worker_id]
+
+    def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
+        self._names.set(name, addresses)
 
     async def black_hole(self) -> str:
         if self._black_hole is None:

@@ -490,6 +490,72 @@ def test_a_response_host_that_does_not_resolve_is_refused_at_its_ack(target: Tar
     )
 
 
+SILENT_NAME = "silent.invalid"  # one the target's resolver never answers for (SCRIPT_NAMES)
+
+
+@covers("TRN-027")
+@requires(Capability.WORKER_LIMITS, Capability.SCRIPT_NAMES, Capability.MOCK_CLOCK)
+def test_a_response_host_is_resolved_within_five_seconds(target: Target) -> None:
+    """A response address at a name the worker's resolver never answers for: 4.9 s later
+    the request is still unanswered; at 5 s it is refused at its ACK naming the field and
+    the name, on a connection the worker keeps open."""
+    worker = target.add_worker()
+    target.resolve_name(SILENT_NAME, None)
+    connection = target.connect(worker)
+    control = json.dumps(usable_control(f"{SILENT_NAME}:9", "silent")).encode()
+    target.write(connection, request_message(NO_ENDPOINT, control))
+    target.advance_time(4.9)
+    waiting = target.held(connection)
+    target.advance_time(0.1)
+    seen = target.held(connection)
+    require(
+        "TRN-027",
+        not waiting.acks
+        and not seen.closed
+        and len(seen.acks) == 1
+        and refused_naming(seen.acks[0], ADDRESS_FIELD)
+        and SILENT_NAME in seen.acks[0],
+        f"a request whose response stream is at {SILENT_NAME}, a name the resolver never "
+        f"answers for, should wait 5 s, then be refused at its ACK naming {ADDRESS_FIELD} "
+        f"and {SILENT_NAME}, the connection kept open",
+        expected=f"no ACK at 4.9 s; at 5 s one ACK {UNAVAILABLE_ACK}… {ADDRESS_FIELD}: … "
+        f"{SILENT_NAME} …, open",
+        actual=f"ACKs at 4.9 s {list(waiting.acks)}, at 5 s {list(seen.acks)}, "
+        f"{'closed' if seen.closed else 'open'}",
+    )
+
+
+MOVING_NAME = "moving.invalid"  # one the check makes resolve otherwise between requests
+
+
+@covers("TRN-027")
+@requires(Capability.WORKER_LIMITS, Capability.SCRIPT_NAMES)
+def test_a_host_name_is_resolved_for_each_request(target: Target) -> None:
+    """A name resolves to the request's peer (127.0.0.1), then to another host: the first
+    request naming it is answered (here: no endpoint), the second, on the same connection,
+    is refused at its ACK naming the field, as the worker resolves the name anew."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    control = json.dumps(usable_control(f"{MOVING_NAME}:9", "moving")).encode()
+    for count, address in enumerate((PEER, OTHER_HOST), 1):
+        target.resolve_name(MOVING_NAME, [address])
+        seen = target.write(connection, request_message(NO_ENDPOINT, control))
+        ack = seen.acks[-1] if len(seen.acks) == count else None
+        require(
+            "TRN-027",
+            not seen.closed
+            and ack is not None
+            and refused_naming(ack, ADDRESS_FIELD) == (address != PEER),
+            f"request {count} names {MOVING_NAME}, which now resolves to {address}: it "
+            + ("should not be refused" if address == PEER else "should be refused")
+            + f" (the request came from {PEER})",
+            expected=f"ACK {count}: "
+            + ("no refusal" if address == PEER else f"{UNAVAILABLE_ACK}… {ADDRESS_FIELD}")
+            + ", the connection open",
+            actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+        )
+
+
 # --- TRN-036, TRN-026: a bidirectional request's stream, broken by its caller ---
 
 OVERLOADED_REASON = "capacity.worker_overloaded"  # WorkerOverloaded on the wire (TRN-032)

@@ -81,6 +81,10 @@ class Capability(enum.Enum):
     RESPONSE_REUSE = "transport:response-reuse"
     """Raw requests to a worker's served path (``Target.worker_path``), for the checks of
     the reference's response-connection reuse (spec: TRN-028, TRN-029)."""
+    SCRIPT_NAMES = "worker:script-names"
+    """The target's workers resolve the host names a check sets (``Target.resolve_name``:
+    names under ``.invalid``, RFC 6761) to the addresses it gives, or never answer for them,
+    on the target's clock (spec: TRN-027)."""
     DRAIN_WORKER = "cluster:drain-worker"
     """A worker can be told to shut down gracefully (``Target.drain_worker``, TRN-037)."""
     PACED_READS = "caller:paced-reads"
@@ -949,6 +953,12 @@ class Target(Protocol):
     def reused_streams(self, worker_id: int) -> int:
         """Response streams the worker has written so far on a connection a caller released
         to it, rather than on one dialled for them (Capability.RESPONSE_REUSE)."""
+        ...
+
+    def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
+        """From now on the target's workers resolve ``name`` (one under ``.invalid``) to
+        ``addresses`` (IP literals) at once, or with None never answer for it
+        (Capability.SCRIPT_NAMES)."""
         ...
 
     # raw connections held open to a worker (Capability.WORKER_LIMITS)

@@ -105,6 +105,9 @@ class Unsupported:
     def reused_streams(self, worker_id: int) -> int:
         _lacks(Capability.RESPONSE_REUSE)
 
+    def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
+        _lacks(Capability.SCRIPT_NAMES)
+
     def add_bounded_worker(self, bounds: WorkerBounds) -> int:
         _lacks(Capability.WORKER_LIMITS)
 
