@@ -459,8 +459,6 @@ class WorkerServer:
             if stream.cancelled_caught:
                 cut = RoutingError(BackendKind.ENGINE_SHUTDOWN, STREAM_CUT_AT_SHUTDOWN)
                 await out.write(data_frame(codec, error_annotated(cut)))
-            if watcher is not None:
-                watcher.finished = True  # from here on a ``reuse`` is the caller's release
             await out.write(final_frame(codec) + SENTINEL_FRAME)
             await out.flush()
             return True
@@ -616,8 +614,6 @@ async def _await_release(connection: FramedConnection, pool: ResponsePool) -> No
     then, the connection is marked released (nothing follows it until the next stream). The
     pool's sweep closes the connection if it does not come within ``RELEASE_WAIT`` (one
     timer for all streams rather than a cancel scope for each)."""
-    if connection.released:  # the stream's watcher read it
-        return
     pool.awaiting_release(connection)
     if not connection.buffered:
         connection.expect_a_wait()  # the caller has not read the sentinel yet
@@ -646,11 +642,13 @@ def _releases(frame: TwoPart, connection: FramedConnection) -> bool:
 
 class _Watcher:
     """While a stream's producer waits (for its handler or the socket), reads the caller's
-    control words: a ``stop`` or ``kill``, or the caller going away, cancels the stream; a
-    ``reuse`` (sent only after the sentinel, which ended the stream) ends the watch alone.
-    Started the first time the producer is about to wait (a stream whose items are all
-    ready needs none), in the server's nursery; ``ended`` stops it before anything else
-    reads the connection."""
+    control words: a ``stop`` or ``kill``, or the caller going away, cancels the stream.
+    A ``reuse`` it reads is no release (TRN-028): the watch ends, without a checkpoint, as
+    soon as the sentinel is written, so the caller sent it before it could have read the
+    sentinel; ``_await_release`` reads the release that follows the sentinel. Started the
+    first time the producer is about to wait (a stream whose items are all ready needs
+    none), in the server's nursery; ``ended`` stops it before anything else reads the
+    connection."""
 
     def __init__(
         self, connection: FramedConnection, nursery: trio.Nursery | None, stream: trio.CancelScope
@@ -661,7 +659,6 @@ class _Watcher:
         self._scope: trio.CancelScope | None = None
         self._done = trio.Event()
         self.stopped = False  # the caller stopped the stream
-        self.finished = False  # the final frame and sentinel are being written
 
     @property
     def started(self) -> bool:
@@ -689,11 +686,6 @@ class _Watcher:
         try:
             with scope:
                 while (frame := await connection.read_two_part(MAX_CONTROL_BYTES)) is not None:
-                    if _releases(frame, connection):
-                        if not self.finished:
-                            continue  # a release before the sentinel is none (TRN-028)
-                        connection.released = True
-                        return
                     if _control_word(frame) in (STOP, KILL):
                         break
                 self._stop()
