@@ -27,6 +27,12 @@ from routespec.conformance.test_transport import (
     request_message,
     usable_control,
 )
+from routespec.conformance.test_worker_limits import (
+    BUDGET,
+    OVERLOADED_ACK,
+    not_refused,
+    sized_request,
+)
 from routespec.testing.target import (
     Capability,
     Direct,
@@ -34,6 +40,7 @@ from routespec.testing.target import (
     ObservedError,
     Serve,
     Target,
+    WorkerBounds,
     WriteErrorItem,
 )
 
@@ -376,4 +383,26 @@ def test_an_error_that_is_not_an_object_is_one_untyped_link(target: Target, erro
         f"worker {worker} wrote one item, then an error item whose error is {error!r}; the "
         f"caller should see one untyped error item (class Internal) after the item, it saw "
         f"{outcome}",
+    )
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS)
+def test_bytes_read_ahead_of_a_request_do_not_count_against_it(target: Target) -> None:
+    """A request of exactly the worker's byte budget arrives in two writes, the second also
+    carrying the whole next request: the first is read whole (the bytes of the next one,
+    read with its end, are not its own), then the next one is read too."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    connection = target.connect(worker)
+    request, behind = sized_request(BUDGET), sized_request(512)
+    target.write(connection, request[: BUDGET // 2])
+    seen = target.write(connection, request[BUDGET // 2 :] + behind)
+    what = f"a request of exactly the budget ({BUDGET} bytes), its end written with the next one"
+    not_refused(seen, 2, "TRN-026", what)
+    require(
+        "TRN-026",
+        not seen.acks[0].startswith(OVERLOADED_ACK),
+        f"{what}: the worker should read it, not refuse it for load",
+        expected="an ACK not refusing for load",
+        actual=repr(seen.acks[0]),
     )
