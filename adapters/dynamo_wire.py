@@ -145,6 +145,16 @@ class DynamoWireTarget(DynamoClientTarget):
                     return control
         return None
 
+    def control_words(self, request_id: str) -> Sequence[object]:
+        """As the real client wrote them, on the stream of Dynamo's own request id."""
+        for dynamo_id, suite_id in self._suite_ids().items():
+            if suite_id != request_id or not isinstance(dynamo_id, str):
+                continue
+            for worker in self._workers.values():
+                if (words := worker.server.control_words.get(dynamo_id)) is not None:
+                    return tuple(words)
+        return ()
+
     # what the suite sees
 
     def deliveries(self) -> Sequence[Delivery]:

@@ -152,6 +152,7 @@ class Cluster(Protocol):
     def announce_removal(self, worker_id: int, removed: bool) -> None: ...
     def worker_bytes(self, worker_id: int) -> int: ...
     def control_message(self, request_id: str) -> Mapping[str, object] | None: ...
+    def control_words(self, request_id: str) -> Sequence[object]: ...
     async def send_raw(self, worker_id: int | None, data: bytes) -> None: ...
     def worker_path(self, worker_id: int) -> str: ...
     def reused_streams(self, worker_id: int) -> int:
@@ -217,6 +218,9 @@ class InProcessCluster:
 
     def control_message(self, request_id: str) -> Mapping[str, object] | None:
         raise NotImplementedError("in-process workers read no control message")
+
+    def control_words(self, request_id: str) -> Sequence[object]:
+        raise NotImplementedError("in-process workers read no control words")
 
     async def send_raw(self, worker_id: int | None, data: bytes) -> None:
         raise NotImplementedError("in-process workers have no ports")
@@ -670,6 +674,12 @@ class ReferenceTarget:
     def control_message(self, request_id: str) -> Mapping[str, object] | None:
         async def read() -> Mapping[str, object] | None:
             return self._cluster.control_message(request_id)
+
+        return self._portal.call(read)
+
+    def control_words(self, request_id: str) -> Sequence[object]:
+        async def read() -> Sequence[object]:
+            return self._cluster.control_words(request_id)
 
         return self._portal.call(read)
 

@@ -333,6 +333,13 @@ class TcpCluster:
                 return control
         return None
 
+    def control_words(self, request_id: str) -> Sequence[object]:
+        """Read by a worker served in this process (a worker process keeps its own)."""
+        for server in self._servers.values():
+            if (words := server.control_words.get(request_id)) is not None:
+                return tuple(words)
+        return ()
+
     async def send_raw(self, worker_id: int | None, data: bytes) -> None:
         if worker_id is None:
             address = self.transport.response_address

@@ -880,6 +880,45 @@ def test_a_late_sentinel_ends_the_stream_cleanly(target: Target, adapter: Adapte
         )
 
 
+@covers("TRN-046", "TRN-042")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS, Capability.OBSERVE_CONTROL_MESSAGE)
+def test_a_connection_written_past_its_sentinel_is_closed_unreleased(
+    target: Target, adapter: Adapter
+) -> None:
+    """The worker writes two items, ``complete_final``, the sentinel and a data frame after
+    it in one write, then reads what the caller writes: the stream completes with its two
+    items, and the caller writes nothing more on the connection (no ``reuse``) and lets go
+    of it; the worker's next request is served."""
+    worker = target.add_worker()
+    target.script_worker(worker, Misbehave(2, WireFault.FRAME_AFTER_SENTINEL))
+    request = target.submit(Direct(worker))
+    outcome = finished(target, request, "TRN-046")
+    require(
+        "TRN-046",
+        outcome.error is None and indices(outcome) == [0, 1],
+        f"worker {worker} sent two items, complete_final and the sentinel, then a frame; the "
+        f"stream should complete with the two items: {outcome}",
+    )
+    words = list(target.control_words(request))
+    require_equal(
+        "TRN-046",
+        words,
+        [],
+        f"worker {worker} wrote a frame after its sentinel; the caller should write nothing "
+        f"more on that connection, it wrote the control words {words}",
+    )
+    if {Capability.OBSERVE_INFLIGHT, Capability.MOCK_CLOCK} <= adapter.capabilities:
+        target.advance_time(1.0)  # the worker has closed the connection by then
+        held = target.response_connections()
+        require(
+            "TRN-042",
+            held == 0,
+            f"worker {worker} wrote past its sentinel and closed the connection; the caller "
+            f"still holds {held} response connections",
+        )
+    serves_again(target, worker, "TRN-046")
+
+
 # --- TRN-011 ---
 
 ITEM_CHAINS = [
@@ -1217,6 +1256,32 @@ def test_a_dropped_stream_stops_the_worker(target: Target, adapter: Adapter) -> 
             "the dropped stream is still in flight after the worker was released",
         )
     serves_again(target, worker, "TRN-017")
+
+
+@covers("TRN-017")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS, Capability.OBSERVE_CONTROL_MESSAGE)
+def test_a_dropped_stream_is_killed_on_the_wire(target: Target) -> None:
+    """The worker writes one item, then reads what the caller writes on the stream; the
+    caller drops the stream: the worker reads the header-only control word ``kill`` and
+    nothing else."""
+    worker = target.add_worker()
+    target.script_worker(worker, Misbehave(1, WireFault.LISTEN))
+    request = target.submit(Direct(worker))
+    target.drop(request)
+    outcome = finished(target, request, "TRN-017")
+    require(
+        "TRN-017",
+        outcome.dropped and outcome.error is None and indices(outcome) == [0],
+        f"a dropped stream should end for the caller without an error: {outcome}",
+    )
+    words = list(target.control_words(request))
+    require_equal(
+        "TRN-017",
+        words,
+        ["kill"],
+        f"the caller dropped worker {worker}'s open stream; the worker should read the "
+        f"control word kill on it, it read {words}",
+    )
 
 
 # --- TRN-018, TRN-019 ---

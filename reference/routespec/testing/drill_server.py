@@ -9,7 +9,9 @@ the ACK without dialling back, and after the handshake without the prologue.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
+import math
 import socket
 import struct
 
@@ -61,6 +63,11 @@ from routespec.transport.worker_server import (
 
 GARBLED = b"\xc1"  # a byte msgpack never uses
 RESET_AFTER = 0.1  # seconds (of the target's clock) before a reset or a late sentinel
+LISTEN_AFTER_SENTINEL = 1.0  # seconds ``FRAME_AFTER_SENTINEL`` reads what the caller writes
+# The request whose stream a drill task writes (set in ``_respond``, read by ``send_item``).
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "routespec_drill_request", default=""
+)
 
 
 def silent_at(handler: WorkerHandler | None, stage: SilentStage) -> ScriptedWorker | None:
@@ -77,6 +84,7 @@ class DrillWorkerServer(WorkerServer):
     ) -> None:
         super().__init__(host, port, limits)
         self.control_messages: dict[str, dict[str, object]] = {}  # by request id, as read
+        self.control_words: dict[str, list[object]] = {}  # by request id (WireFault.LISTEN)
         self._held_acks: dict[FramedConnection, list[bytes]] = {}  # WriteAcks, not yet sent
         self._acks_written: dict[FramedConnection, int] = {}  # WriteAcks texts taken so far
 
@@ -153,6 +161,7 @@ class DrillWorkerServer(WorkerServer):
         pool: ResponsePool | None = None,
     ) -> None:
         script = handler.script if isinstance(handler, ScriptedWorker) else None
+        _REQUEST_ID.set(request.request_id)  # this task's context only
         if isinstance(script, Misbehave) and script.fault is WireFault.NO_CALL_HOME:
             await trio.sleep_forever()  # ACKed, and the stream never comes
         if (worker := silent_at(handler, SilentStage.DIAL_BACK)) is not None:
@@ -242,6 +251,13 @@ class DrillWorkerServer(WorkerServer):
             # The stream ends here; the connection is kept if the caller releases it.
             await _await_release(out._connection, self.response_pool)
             return False
+        elif item.fault is WireFault.LISTEN:
+            await out.flush()
+            await self._listen(out._connection, None)
+        elif item.fault is WireFault.FRAME_AFTER_SENTINEL:
+            await out.write(final_frame(codec) + SENTINEL_FRAME + data_frame(codec, {"data": 0}))
+            await out.flush()
+            await self._listen(out._connection, LISTEN_AFTER_SENTINEL)
         elif item.fault is WireFault.CUT_IN_PREFIX:
             await out.write(final_frame(codec)[:10])
         elif item.fault is WireFault.RESET_AFTER_SENTINEL:
@@ -262,7 +278,20 @@ class DrillWorkerServer(WorkerServer):
             WireFault.RESET_BEFORE_FINAL,
             WireFault.CUT_IN_PREFIX,
             WireFault.RESET_AFTER_SENTINEL,
+            WireFault.LISTEN,
+            WireFault.FRAME_AFTER_SENTINEL,
         )
+
+    async def _listen(self, connection: FramedConnection, seconds: float | None) -> None:
+        """Read the frames the caller writes, until it closes the connection (or for
+        ``seconds``), keeping each one's control word (``Target.control_words``)."""
+        words = self.control_words.setdefault(_REQUEST_ID.get(), [])
+        with trio.move_on_after(math.inf if seconds is None else seconds):
+            try:
+                while (frame := await connection.read_two_part()) is not None:
+                    words.append(json.loads(frame.header) if frame.header else None)
+            except (WireProtocolError, ValueError, *CONNECTION_ERRORS):
+                pass  # the caller wrote what no frame is, or went away: nothing more to read
 
 
 async def serve_black_hole(*, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:

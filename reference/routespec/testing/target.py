@@ -189,6 +189,10 @@ class WireFault(enum.Enum):
     LATE_SENTINEL = "late-sentinel"  # complete_final, then the sentinel 0.1 s later
     CUT_IN_PREFIX = "cut-in-prefix"  # 10 bytes of a frame's 24-byte prefix, then the close
     RESET_AFTER_SENTINEL = "reset-after-sentinel"  # the final frame, sentinel, reset (RST)
+    # The two below then read what the caller writes on the stream (Target.control_words):
+    LISTEN = "listen"  # nothing more written; read until the caller closes the connection
+    FRAME_AFTER_SENTINEL = "frame-after-sentinel"  # final frame, sentinel, a data frame in
+    # one write; read until the caller closes or for 1 s of the target's clock, then close
 
 
 @attrs.frozen
@@ -938,6 +942,13 @@ class Target(Protocol):
         """The control message a worker read for ``request_id``, its JSON header decoded
         (``connection_info.info`` stays the string it is on the wire), or None if no worker
         read one (Capability.OBSERVE_CONTROL_MESSAGE)."""
+        ...
+
+    def control_words(self, request_id: str) -> Sequence[object]:
+        """What a worker scripted to read it (``WireFault.LISTEN``,
+        ``WireFault.FRAME_AFTER_SENTINEL``) read from the caller on ``request_id``'s
+        response stream, in order: each frame's header decoded from JSON (``"kill"``), None
+        for a frame without a header (Capability.OBSERVE_CONTROL_MESSAGE)."""
         ...
 
     def send_raw(self, worker_id: int | None, data: bytes) -> None:

@@ -96,6 +96,9 @@ class Unsupported:
     def control_message(self, request_id: str) -> Mapping[str, object] | None:
         _lacks(Capability.OBSERVE_CONTROL_MESSAGE)
 
+    def control_words(self, request_id: str) -> Sequence[object]:
+        _lacks(Capability.OBSERVE_CONTROL_MESSAGE)
+
     def send_raw(self, worker_id: int | None, data: bytes) -> None:
         _lacks(Capability.WIRE_TRANSPORT)
 

@@ -132,6 +132,7 @@ class ResponsePlane:
                 self.forget(pending)
                 pending.fail(failure)
 
+    # TRN-046: one with bytes buffered past its sentinel is never released, but closed.
     def release(self, connection: FramedConnection) -> bool:
         """Give a connection read to its sentinel back to the worker that offered it for
         reuse, and wait for its next stream there (TRN-028); False if it cannot be."""
