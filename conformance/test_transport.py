@@ -1476,6 +1476,39 @@ def test_a_bidirectional_request_ended_with_inputs_pending_holds_nothing(
     )
 
 
+@covers("TRN-042", "TRN-015")
+@requires(
+    Capability.BIDIRECTIONAL,
+    Capability.ROUND_ROBIN,
+    Capability.WIRE_TRANSPORT,
+    Capability.OBSERVE_INFLIGHT,
+    Capability.SCRIPT_SILENCE,
+)
+def test_a_bidirectional_dispatch_dropped_before_its_ack_holds_nothing(
+    target: Target, adapter: Adapter
+) -> None:
+    """The worker dials back both of a bidirectional request's streams and introduces them
+    while its ACK has not come (as a worker whose ACK is still queued does); the caller
+    drops the request there: within a second it holds neither connection, and it counts
+    nothing in flight."""
+    worker = target.add_worker()
+    target.script_worker(worker, Silent(SilentStage.DIAL_BEFORE_ACK))
+    request = target.submit(Bidirectional("round-robin", 1, more=True))
+    target.drop(request)
+    finished(target, request, "TRN-042")
+    if Capability.MOCK_CLOCK in adapter.capabilities:
+        target.advance_time(1.0)
+    held, inflight = target.response_connections(), target.transport_inflight()
+    require(
+        "TRN-042",
+        held == 0,
+        f"the caller dropped a bidirectional request whose two streams worker {worker} had "
+        f"dialled before its ACK; the caller still holds {held} response connections",
+    )
+    require_equal("TRN-015", inflight, 0, "the dropped dispatch is still counted in flight")
+    target.release_stalled(worker)
+
+
 @covers("TRN-021")
 @requires(Capability.BIDIRECTIONAL)
 @pytest.mark.parametrize(

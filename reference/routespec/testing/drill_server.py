@@ -17,7 +17,7 @@ import struct
 
 import trio
 
-from routespec.routing.streaming import Request, WorkerHandler
+from routespec.routing.streaming import Request, RequestStream, WorkerHandler
 from routespec.testing.scripted import (
     ErrorItemMarker,
     FrameMarker,
@@ -48,6 +48,7 @@ from routespec.transport.frames import (
     TwoPart,
     WireProtocolError,
     decode_two_part,
+    encode_ack,
 )
 from routespec.transport.response_pool import ResponsePool
 from routespec.transport.worker_server import (
@@ -57,6 +58,7 @@ from routespec.transport.worker_server import (
     WorkerServer,
     _await_release,
     _dial,
+    _read_inputs,
     data_frame,
     final_frame,
 )
@@ -99,6 +101,17 @@ class DrillWorkerServer(WorkerServer):
         if isinstance(handler, ScriptedWorker) and isinstance(handler.script, WriteAcks):
             await self._hold_ack(connection, handler.script)
             return
+        worker = silent_at(handler, SilentStage.DIAL_BEFORE_ACK)
+        if worker is not None:
+            try:
+                parts = decode_two_part(payload)
+                control = parse_control(parts.header)
+            except WireProtocolError:
+                control = None  # the server's own handling answers a broken request
+            if control is not None:
+                worker.arrived(Request(control.request_id, None, control.metadata))
+                await self._dial_before_ack(connection, control, worker, parts.body)
+                return
         worker = silent_at(handler, SilentStage.ACK)
         if worker is not None:
             try:
@@ -206,6 +219,52 @@ class DrillWorkerServer(WorkerServer):
                 await self._serve(connection, control, worker, request)
         except* (OSError, *CONNECTION_ERRORS):
             pass  # the caller gave up on the stream and closed it
+
+    async def _dial_before_ack(
+        self,
+        connection: FramedConnection,
+        control: ControlMessage,
+        worker: ScriptedWorker,
+        body: bytes,
+    ) -> None:
+        """Dial back the request's streams and introduce them, holding the ACK until
+        released; then ACK, and serve the request on the connections dialled."""
+        streams = [(control.response, "response")]
+        if control.request_stream is not None:
+            streams.append((control.request_stream, "request"))
+        dialled: list[FramedConnection] = []
+        try:
+            for address, stream_type in streams:
+                dialled.append(FramedConnection(await open_stream(address.address)))
+                handshake = {"subject": address.subject, "stream_type": stream_type}
+                await dialled[-1].send(TwoPart(header=encode_json(handshake)).encode())
+        except (OSError, *CONNECTION_ERRORS):
+            pass  # the caller went away: the release finds nothing to serve
+        await worker.silence(control.request_id)  # dialled, not ACKed
+        await connection.send(encode_ack(""))
+        self._start(connection.peer, self._serve_dialled, dialled, control, worker, body)
+
+    async def _serve_dialled(
+        self,
+        dialled: list[FramedConnection],
+        control: ControlMessage,
+        worker: ScriptedWorker,
+        body: bytes,
+    ) -> None:
+        codec = control.payload_codec
+        try:
+            if control.request_stream is not None:
+                payload: object = RequestStream(_read_inputs(dialled[1], codec))
+            else:
+                payload = codec.decode(body, "request.body")
+            request = Request(control.request_id, payload, control.metadata)
+            await dialled[0].send(PROLOGUE_OK)
+            await self._serve(dialled[0], control, worker, request)
+        except* (IndexError, WireProtocolError, *CONNECTION_ERRORS):
+            pass  # a stream the caller closed, or one never dialled
+        finally:
+            for stream in dialled:
+                stream.close_now()
 
     async def _serve(
         self,

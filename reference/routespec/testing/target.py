@@ -304,6 +304,8 @@ class SilentStage(enum.Enum):
 
     CONNECT = "connect"  # its request-plane port never completes a TCP connection
     ACK = "ack"  # it reads the request and never ACKs it
+    DIAL_BEFORE_ACK = "dial-before-ack"  # it dials back and introduces the request's streams
+    # (response, and a bidirectional request's request stream), its ACK still unsent
     DIAL_BACK = "dial-back"  # it ACKs and never dials the caller's response-stream address
     HANDSHAKE = "handshake"  # it dials back and sends the handshake, never the prologue
 
