@@ -282,6 +282,28 @@ def refused_naming(ack: str, field: str) -> bool:
     return ack.startswith(UNAVAILABLE_ACK) and field in ack
 
 
+def require_answer_in_turn(
+    target: Target, connection: int, count: int, host: str, refused: bool, why: str
+) -> None:
+    """Write the ``count``-th request on ``connection``, its response stream at ``host``
+    (at an endpoint the worker does not serve, so that nothing is dialled): its ACK refuses
+    it naming the address field if ``refused``, and does not otherwise, the connection
+    kept open (TRN-027)."""
+    control = json.dumps(usable_control(f"{host}:9", f"to-{count}")).encode()
+    seen = target.write(connection, request_message(NO_ENDPOINT, control))
+    ack = seen.acks[-1] if len(seen.acks) == count else None
+    require(
+        "TRN-027",
+        not seen.closed and ack is not None and refused_naming(ack, ADDRESS_FIELD) == refused,
+        f"{why}: request {count} from {PEER}, whose response stream is at {host}, should "
+        + ("be refused" if refused else "not be refused"),
+        expected=f"ACK {count}: "
+        + (f"{UNAVAILABLE_ACK}… naming {ADDRESS_FIELD}" if refused else "no refusal")
+        + ", the connection open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+
+
 def refused_at_its_ack(requirement: str, seen: HeldConnection, why: str) -> None:
     """The one request written was refused at its ACK naming the response address; the
     connection stays open."""
@@ -536,24 +558,10 @@ def test_a_host_name_is_resolved_for_each_request(target: Target) -> None:
     is refused at its ACK naming the field, as the worker resolves the name anew."""
     worker = target.add_worker()
     connection = target.connect(worker)
-    control = json.dumps(usable_control(f"{MOVING_NAME}:9", "moving")).encode()
     for count, address in enumerate((PEER, OTHER_HOST), 1):
         target.resolve_name(MOVING_NAME, [address])
-        seen = target.write(connection, request_message(NO_ENDPOINT, control))
-        ack = seen.acks[-1] if len(seen.acks) == count else None
-        require(
-            "TRN-027",
-            not seen.closed
-            and ack is not None
-            and refused_naming(ack, ADDRESS_FIELD) == (address != PEER),
-            f"request {count} names {MOVING_NAME}, which now resolves to {address}: it "
-            + ("should not be refused" if address == PEER else "should be refused")
-            + f" (the request came from {PEER})",
-            expected=f"ACK {count}: "
-            + ("no refusal" if address == PEER else f"{UNAVAILABLE_ACK}… {ADDRESS_FIELD}")
-            + ", the connection open",
-            actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
-        )
+        why = f"{MOVING_NAME} now resolves to {address}"
+        require_answer_in_turn(target, connection, count, MOVING_NAME, address != PEER, why)
 
 
 # --- TRN-036, TRN-026: a bidirectional request's stream, broken by its caller ---
@@ -769,22 +777,8 @@ def test_a_worker_dials_back_to_the_hosts_it_is_configured_for(target: Target, h
     connection = target.connect(worker)
     allowed, refused = DIAL_BACK_HOSTS[hosts]
     for count, host in enumerate((*allowed, *refused), 1):
-        control = json.dumps(usable_control(f"{host}:9", f"to-{count}")).encode()
-        seen = target.write(connection, request_message(NO_ENDPOINT, control))
-        ack = seen.acks[-1] if len(seen.acks) == count else None
-        require(
-            "TRN-027",
-            not seen.closed
-            and ack is not None
-            and refused_naming(ack, ADDRESS_FIELD) == (host in refused),
-            f"a worker configured to dial back to {hosts!r} should "
-            + ("refuse" if host in refused else "not refuse")
-            + f" a request from {PEER} whose response stream is at {host}",
-            expected=f"ACK {count}: "
-            + (f"{UNAVAILABLE_ACK}… naming {ADDRESS_FIELD}" if host in refused else "no refusal")
-            + ", the connection open",
-            actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
-        )
+        why = f"a worker configured to dial back to {hosts!r}"
+        require_answer_in_turn(target, connection, count, host, host in refused, why)
     if PEER in allowed:  # the router's streams are at its own address: the peer
         serves_again(target, worker, "TRN-027")
 
