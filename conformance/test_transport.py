@@ -97,6 +97,16 @@ def serves_again(target: Target, worker: int, requirement: str) -> None:
     )
 
 
+def completes_with_two_items(outcome: Outcome, requirement: str, sent: str) -> None:
+    """The stream of a worker that wrote two items, then ``sent``, completed with them."""
+    require(
+        requirement,
+        outcome.error is None and indices(outcome) == [0, 1],
+        f"the worker sent two items, {sent}; the stream should complete with the two items: "
+        f"{outcome}",
+    )
+
+
 # --- TRN-001, TRN-003 ---
 
 
@@ -833,12 +843,7 @@ def test_a_reset_after_the_sentinel_ends_the_stream_cleanly(
     worker = target.add_worker()
     target.script_worker(worker, Misbehave(2, WireFault.RESET_AFTER_SENTINEL))
     outcome = finished(target, target.submit(Direct(worker)), "TRN-007")
-    require(
-        "TRN-007",
-        outcome.error is None and indices(outcome) == [0, 1],
-        f"worker {worker} sent two items, complete_final and the sentinel, then reset the "
-        f"connection; the stream should complete with the two items: {outcome}",
-    )
+    completes_with_two_items(outcome, "TRN-007", "complete_final and the sentinel, then a reset")
     if {Capability.RESPONSE_REUSE, Capability.MOCK_CLOCK} <= adapter.capabilities:
         target.advance_time(1.0)
         held = target.response_connections()
@@ -863,12 +868,7 @@ def test_a_late_sentinel_ends_the_stream_cleanly(target: Target, adapter: Adapte
     if Capability.MOCK_CLOCK in adapter.capabilities:
         target.advance_time(0.1)  # the worker sends the sentinel 0.1 s after complete_final
     outcome = finished(target, request, "TRN-007")
-    require(
-        "TRN-007",
-        outcome.error is None and indices(outcome) == [0, 1],
-        f"worker {worker} sent two items, complete_final, then the sentinel 0.1 s later; the "
-        f"stream should complete with the two items: {outcome}",
-    )
+    completes_with_two_items(outcome, "TRN-007", "complete_final, then the sentinel 0.1 s later")
     if Capability.RESPONSE_REUSE in adapter.capabilities:
         serves_again(target, worker, "TRN-029")
         require_equal(
@@ -893,12 +893,7 @@ def test_a_connection_written_past_its_sentinel_is_closed_unreleased(
     target.script_worker(worker, Misbehave(2, WireFault.FRAME_AFTER_SENTINEL))
     request = target.submit(Direct(worker))
     outcome = finished(target, request, "TRN-046")
-    require(
-        "TRN-046",
-        outcome.error is None and indices(outcome) == [0, 1],
-        f"worker {worker} sent two items, complete_final and the sentinel, then a frame; the "
-        f"stream should complete with the two items: {outcome}",
-    )
+    completes_with_two_items(outcome, "TRN-046", "complete_final and the sentinel, then a frame")
     words = list(target.control_words(request))
     require_equal(
         "TRN-046",
@@ -1234,6 +1229,15 @@ def test_a_killed_worker_process_is_detected_without_a_timeout(
         )
 
 
+def dropped_after_one_item(target: Target, request: str) -> None:
+    outcome = finished(target, request, "TRN-017")
+    require(
+        "TRN-017",
+        outcome.dropped and outcome.error is None and indices(outcome) == [0],
+        f"a dropped stream should end for the caller without an error: {outcome}",
+    )
+
+
 @covers("TRN-017")
 @requires(Capability.DIRECT, Capability.SCRIPT_STALL)
 def test_a_dropped_stream_stops_the_worker(target: Target, adapter: Adapter) -> None:
@@ -1242,12 +1246,7 @@ def test_a_dropped_stream_stops_the_worker(target: Target, adapter: Adapter) -> 
     request = target.submit(Direct(worker))
     target.drop(request)
     target.release_stalled(worker)
-    outcome = finished(target, request, "TRN-017")
-    require(
-        "TRN-017",
-        outcome.dropped and outcome.error is None and indices(outcome) == [0],
-        f"a dropped stream should end for the caller without an error: {outcome}",
-    )
+    dropped_after_one_item(target, request)
     if Capability.OBSERVE_INFLIGHT in adapter.capabilities:
         require_equal(
             "TRN-017",
@@ -1268,12 +1267,7 @@ def test_a_dropped_stream_is_killed_on_the_wire(target: Target) -> None:
     target.script_worker(worker, Misbehave(1, WireFault.LISTEN))
     request = target.submit(Direct(worker))
     target.drop(request)
-    outcome = finished(target, request, "TRN-017")
-    require(
-        "TRN-017",
-        outcome.dropped and outcome.error is None and indices(outcome) == [0],
-        f"a dropped stream should end for the caller without an error: {outcome}",
-    )
+    dropped_after_one_item(target, request)
     words = list(target.control_words(request))
     require_equal(
         "TRN-017",
