@@ -179,12 +179,9 @@ class DeadlineDispatch:
     ``generate`` must return a stream within the establish timeout (TMO-003), and the stream
     is a ``DeadlineStream``."""
 
-    def __init__(self, inner: StreamingDispatch, deadlines: Deadlines = DEFAULT_DEADLINES):
+    def __init__(self, inner: StreamingDispatch, deadlines: Deadlines):
         self.inner = inner
         self.deadlines = deadlines
-
-    def with_deadlines(self, deadlines: Deadlines) -> DeadlineDispatch:
-        return DeadlineDispatch(self.inner, deadlines)
 
     async def generate(self, instance: Instance, request: Request) -> ItemStream:
         deadlines = self.deadlines
