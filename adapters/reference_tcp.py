@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Literal
 
 import attrs
 import trio
@@ -113,6 +114,18 @@ class RawConnection:
         return HeldConnection(tuple(self.acks), self.closed)
 
 
+AddressInfo = list[  # what getaddrinfo returns, as trio.abc.HostnameResolver declares it
+    tuple[Literal[socket.AddressFamily.AF_INET], socket.SocketKind, int, str, tuple[str, int]]
+    | tuple[
+        Literal[socket.AddressFamily.AF_INET6],
+        socket.SocketKind,
+        int,
+        str,
+        tuple[str, int, int, int] | tuple[int, bytes],
+    ]
+]
+
+
 class ScriptedNames(trio.abc.HostnameResolver):
     """The portal run's resolver (Capability.SCRIPT_NAMES): the names a check set answer
     at once with their addresses, or never (a name set to None); every other name is
@@ -132,15 +145,7 @@ class ScriptedNames(trio.abc.HostnameResolver):
         type: int = 0,
         proto: int = 0,
         flags: int = 0,
-    ) -> list[
-        tuple[
-            socket.AddressFamily,
-            socket.SocketKind,
-            int,
-            str,
-            tuple[str, int] | tuple[str, int, int, int],
-        ]
-    ]:
+    ) -> AddressInfo:
         name = None if host is None else host.decode("ascii", "replace").lower()
         if name not in self._names:
             return await trio.to_thread.run_sync(
