@@ -65,16 +65,16 @@ def raw_request(path: str, port: int, subject: str, *, many_in: bool = False) ->
     return request_message(path, control, b"" if many_in else b"{}")
 
 
-def data_frame(item: object) -> bytes:
-    body = json.dumps({"data": item, "complete_final": False}).encode()
-    return struct.pack(">QQQ", 0, len(body), 0) + body
-
-
 def body_frame(body: bytes) -> bytes:
     return struct.pack(">QQQ", 0, len(body), 0) + body
 
 
-FINAL_FRAME = body_frame(b'{"complete_final":true}')
+def input_frame(item: object) -> bytes:
+    """One input of a request stream as Dynamo 1.6.1 writes it: the item is the body."""
+    return body_frame(json.dumps(item).encode())
+
+
+END_FRAME = frame(SENTINEL)  # a request stream's end (TRN-047)
 
 
 def frames_of(data: bytes) -> list[tuple[bytes, object]]:
@@ -613,7 +613,7 @@ BREAKS: dict[str, tuple[Callable[[socket.socket], None], str]] = {  # how the ca
     ),
     "undecodable-item": (lambda stream: stream.sendall(body_frame(b"\xc1")), "InvalidArgument"),
     "over-budget": (
-        lambda stream: stream.sendall(data_frame("x" * (4 * BUDGET))),
+        lambda stream: stream.sendall(input_frame("x" * (4 * BUDGET))),
         "WorkerOverloaded",
     ),
 }
@@ -624,7 +624,7 @@ BREAKS: dict[str, tuple[Callable[[socket.socket], None], str]] = {  # how the ca
 @pytest.mark.parametrize("broken", list(BREAKS))
 def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, broken: str) -> None:
     """The caller sends one input, then breaks its request stream (closes it before
-    ``complete_final``, writes a frame declaring 1 TiB, an item that is not JSON, or one past
+    its sentinel, writes a frame declaring 1 TiB, an item that is not JSON, or one past
     the worker's byte budget): the response stream echoes the input, then ends with an error
     item of the type TRN-036 names."""
     worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
@@ -633,7 +633,7 @@ def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, b
     with listening() as listener:
         inputs, response = bidirectional(target, worker, listener)
         with inputs, response:
-            inputs.sendall(data_frame(0))
+            inputs.sendall(input_frame(0))
             breaking(inputs)
             rest = closing_bytes(response)
             frames = [] if rest is None else frames_of(rest)
@@ -648,17 +648,64 @@ def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, b
     serves_again(target, worker, requirement)
 
 
+REQUEST_STREAM_FRAMES = {  # what the caller writes after input 0, and the inputs read
+    # an item shaped like a response-stream frame is an item like any other
+    "framed-like-a-response": (
+        input_frame({"data": 1, "complete_final": False}),
+        [0, {"data": 1, "complete_final": False}],
+    ),
+    "complete-final": (input_frame({"complete_final": True}), [0, {"complete_final": True}]),
+    "null": (body_frame(b"null"), [0, None]),
+    "unknown-word": (frame(b'"pause"') + input_frame(2), [0, 2]),  # TRN-040: ignored
+}
+
+
+@covers("TRN-047", "TRN-020")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+@pytest.mark.parametrize("written", list(REQUEST_STREAM_FRAMES))
+def test_each_request_stream_frame_is_one_input_until_the_sentinel(
+    target: Target, written: str
+) -> None:
+    """A bidirectional request's caller writes input 0, then other frames, then the
+    header-only sentinel: the worker's handler reads each frame's body as one input, as it
+    is, and the request stream ends at the sentinel, so its stream completes."""
+    after, inputs_read = REQUEST_STREAM_FRAMES[written]
+    worker = target.add_worker()
+    with listening() as listener:
+        inputs, response = bidirectional(target, worker, listener)
+        with inputs, response:
+            inputs.sendall(input_frame(0) + after + END_FRAME)
+            rest = closing_bytes(response)
+    frames = [] if rest is None else frames_of(rest)
+    echoed = [
+        body["data"]["data"]["input"]
+        for _, body in frames
+        if isinstance(body, dict)
+        and isinstance(body.get("data"), dict)
+        and isinstance(body["data"].get("data"), dict)
+        and "input" in body["data"]["data"]
+    ]
+    require(
+        "TRN-047",
+        echoed == inputs_read and bool(frames) and frames[-1][0] == SENTINEL,
+        f"worker {worker}'s handler should read each request-stream frame's body as one "
+        f"input ({written}), the stream ending at the caller's sentinel",
+        expected=f"inputs {inputs_read}, then the final frame and sentinel",
+        actual=f"inputs {echoed}, frames {frames[-2:]}" if rest is not None else "still open",
+    )
+
+
 @covers("TRN-045")
 @requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
 def test_a_worker_writes_only_its_handshake_on_a_request_stream(target: Target) -> None:
-    """A bidirectional request with one input, then ``complete_final``: the worker serves
+    """A bidirectional request with one input, then the sentinel: the worker serves
     it on its response stream, and on the request stream it dialled it writes nothing after
     its handshake before closing it at the request's end."""
     worker = target.add_worker()
     with listening() as listener:
         inputs, response = bidirectional(target, worker, listener)
         with inputs, response:
-            inputs.sendall(data_frame(0) + FINAL_FRAME)
+            inputs.sendall(input_frame(0) + END_FRAME)
             rest = closing_bytes(response)
             written = closing_bytes(inputs)
     frames = [] if rest is None else frames_of(rest)

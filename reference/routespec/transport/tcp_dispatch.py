@@ -42,6 +42,7 @@ from routespec.transport.connection import CONNECTION_ERRORS, LOOPBACK, FramedCo
 from routespec.transport.control import ControlMessage, StreamAddress
 from routespec.transport.frames import (
     MAX_CONTROL_BYTES,
+    SENTINEL,
     RequestMessage,
     TwoPart,
     WireProtocolError,
@@ -279,10 +280,9 @@ async def _pump(
         task_status.started(scope)
         connection = await pending.wait()
         try:
-            async for item in inputs.items:
-                frame = {"data": item, "complete_final": False}
-                await connection.send(TwoPart(body=codec.encode(frame)).encode())
-            await connection.send(TwoPart(body=codec.encode({"complete_final": True})).encode())
+            async for item in inputs.items:  # one frame per item, as Dynamo 1.6.1 (TRN-047)
+                await connection.send(TwoPart(body=codec.encode(item)).encode())
+            await connection.send(TwoPart(header=SENTINEL).encode())
         except (RoutingError, *CONNECTION_ERRORS):
             pass  # the worker left: its response stream reports that
         finally:

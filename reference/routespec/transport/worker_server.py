@@ -590,7 +590,8 @@ async def _dial(
 async def _read_inputs(
     connection: FramedConnection, codec: PayloadCodec
 ) -> AsyncGenerator[object, None]:
-    """A bidirectional request's items, until the caller's ``complete_final`` (TRN-020)."""
+    """A bidirectional request's items as Dynamo 1.6.1 frames them (TRN-047): each frame's
+    body is one item in the request's codec, until the header-only ``"sentinel"``."""
     while True:
         try:
             frame = await connection.read_two_part()
@@ -599,14 +600,16 @@ async def _read_inputs(
         except (WireProtocolError, *CONNECTION_ERRORS):
             frame = None
         if frame is None:
-            raise RoutingError(ErrorKind.DISCONNECTED, "request stream ended before complete_final")
+            raise RoutingError(ErrorKind.DISCONNECTED, "request stream ended before its sentinel")
+        if frame.header == SENTINEL:
+            return
+        if frame.header:  # TRN-040: a word the worker does not know is ignored
+            continue
         try:
-            wrapper = codec.decode(frame.body, "request_stream.frame")
+            item = codec.decode(frame.body, "request_stream.frame")
         except WireProtocolError as error:
             raise RoutingError(ErrorKind.INVALID_ARGUMENT, f"request stream: {error}") from None
-        if not isinstance(wrapper, dict) or wrapper.get("complete_final") is True:
-            return
-        yield wrapper.get("data")
+        yield item
 
 
 async def _await_release(connection: FramedConnection, pool: ResponsePool) -> None:
