@@ -616,6 +616,12 @@ BREAKS: dict[str, tuple[Callable[[socket.socket], None], str]] = {  # how the ca
         lambda stream: stream.sendall(input_frame("x" * (4 * BUDGET))),
         "WorkerOverloaded",
     ),
+    "header-over-budget": (  # its body is skipped once, unread, and nothing more is awaited
+        lambda stream: stream.sendall(
+            struct.pack(">QQQ", 4 * BUDGET, 4, 0) + b"x" * (4 * BUDGET) + b"abcd"
+        ),
+        "WorkerOverloaded",
+    ),
 }
 
 
@@ -624,12 +630,12 @@ BREAKS: dict[str, tuple[Callable[[socket.socket], None], str]] = {  # how the ca
 @pytest.mark.parametrize("broken", list(BREAKS))
 def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, broken: str) -> None:
     """The caller sends one input, then breaks its request stream (closes it before
-    its sentinel, writes a frame declaring 1 TiB, an item that is not JSON, or one past
-    the worker's byte budget): the response stream echoes the input, then ends with an error
-    item of the type TRN-036 names."""
+    its sentinel, writes a frame declaring 1 TiB, an item that is not JSON, or one whose
+    body or header is past the worker's byte budget): the response stream echoes the input,
+    then ends with an error item of the type TRN-036 names."""
     worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
     breaking, expected = BREAKS[broken]
-    requirement = "TRN-026" if broken == "over-budget" else "TRN-036"
+    requirement = "TRN-026" if broken.endswith("over-budget") else "TRN-036"
     with listening() as listener:
         inputs, response = bidirectional(target, worker, listener)
         with inputs, response:
