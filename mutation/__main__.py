@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     try_command.add_argument("names", nargs="+", metavar="NAME", help="mutmut's mutant names")
     try_command.add_argument("--adapter", default=ADAPTERS[0], help="the lane (default reference)")
     try_command.add_argument(
+        "--stage",
+        help="the lane whose staged mutants to take (default the adapter's; every lane's "
+        "mutants are the same, but a lane's stage is regenerated only when its run reaches it)",
+    )
+    try_command.add_argument(
         "--record",
         action="store_true",
         help="write the kills into the lane's verdicts (only if the checks pass unmutated)",
@@ -108,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         return _list_equivalent(args.names, args.reason, args.out or ROOT / "build" / "mutation")
     if args.command == "try":
         out = args.out or ROOT / "build" / "mutation"
-        return _try(args.names, args.adapter, checks, out, record=args.record)
+        lane = out / args.adapter
+        stage = out / args.stage if args.stage else lane
+        return _try(args.names, args.adapter, checks, stage, lane if args.record else None)
     adapters = [a for a in args.adapters.split(",") if a]
     sample = getattr(args, "sample", None)
     out = (args.out or ROOT / "build" / ("mutation-sample" if sample else "mutation")).resolve()
@@ -150,8 +157,10 @@ def _list_equivalent(names: list[str], reason: str, out: Path) -> int:
     return 0
 
 
-def _try(names: list[str], adapter: str, checks: list[str], out: Path, *, record: bool) -> int:
-    stage = out / adapter
+def _try(
+    names: list[str], adapter: str, checks: list[str], stage: Path, record_in: Path | None
+) -> int:
+    """``record_in``: the lane whose verdicts take the kills (None: record nothing)."""
     if not (stage / "mutants" / "src").exists():
         print(f"no stage in {stage}: run python -m mutation run first")
         return 1
@@ -161,8 +170,8 @@ def _try(names: list[str], adapter: str, checks: list[str], out: Path, *, record
     for name, (outcome, _seconds) in outcomes.items():
         print(f"{name}: {outcome}")
     killed = {n: seconds for n, (o, seconds) in outcomes.items() if o.startswith("killed")}
-    if record and unmutated.startswith("survived") and killed:
-        written = trial.record_kills(stage, killed)
+    if record_in is not None and unmutated.startswith("survived") and killed:
+        written = trial.record_kills(record_in, killed)
         print(f"recorded {written} kills in the {adapter} lane (python -m mutation report)")
     return 0 if len(killed) == len(outcomes) else 1
 

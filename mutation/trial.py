@@ -36,6 +36,8 @@ def _scratch(stage: Path, into: Path) -> Path:
         into,
         ignore=shutil.ignore_patterns(*SKIP_PARTS, "*.meta", "*.spans", "mutmut-stats.json"),
     )
+    for name in ("pyproject.toml", "conftest.py"):  # the stage's, as a run copies them in
+        shutil.copyfile(stage / name, into / name)
     package = into / "src" / "routespec"
     for subpackage, source in PACKAGE_DIRS.items():
         if not subpackage:
