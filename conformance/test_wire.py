@@ -9,6 +9,7 @@ any other shape reaches a Dynamo caller as a different error, or as none.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import time
@@ -18,13 +19,16 @@ import pytest
 
 from routespec.conformance import oracle
 from routespec.conformance.checks import covers, require, require_equal, requires
-from routespec.conformance.scenario import finished, spec_of
+from routespec.conformance.scenario import finished, refused_before_stream, spec_of
 from routespec.conformance.test_transport import (
     CONTROL_LIMIT,
+    CUT_ACKS,
+    CUT_FRAMES,
     PEER,
     _exactly,
     indices,
     request_message,
+    serves_again,
     usable_control,
 )
 from routespec.conformance.test_worker_limits import (
@@ -405,4 +409,68 @@ def test_bytes_read_ahead_of_a_request_do_not_count_against_it(target: Target) -
         f"{what}: the worker should read it, not refuse it for load",
         expected="an ACK not refusing for load",
         actual=repr(seen.acks[0]),
+    )
+
+
+# --- TRN-041: how much of a part cut short came ---
+
+
+def gives_numbers(text: str, numbers: tuple[int, ...]) -> bool:
+    """``text`` gives each of ``numbers`` as a whole number, in that order."""
+    pattern = ".*".join(rf"(?<!\d){number}(?!\d)" for number in numbers)
+    return re.search(pattern, text) is not None
+
+
+CUT_ACK_BYTES = {"ack.len": (2, 4), "ack": (23, 100)}  # the bytes that came, of those declared
+
+
+@covers("TRN-041")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS)
+@pytest.mark.parametrize("part", list(CUT_ACKS))
+def test_an_ack_cut_short_says_how_much_of_it_came(target: Target, part: str) -> None:
+    """The worker closes its connection 2 bytes into an ACK's 4-byte prefix, or 23 bytes into
+    a text declared as 100: the request's ``Disconnected`` gives the bytes that came and
+    those the part has."""
+    worker = target.add_worker()
+    target.script_worker(worker, CUT_ACKS[part])
+    outcome = finished(target, target.submit(Direct(worker)), "TRN-041")
+    came, declared = CUT_ACK_BYTES[part]
+    message = outcome.error.links[0][1] if outcome.error is not None else ""
+    require(
+        "TRN-041",
+        refused_before_stream(outcome, "Disconnected")
+        and gives_numbers(message, CUT_ACK_BYTES[part]),
+        f"the connection ended {came} bytes into the {declared} of the ACK's "
+        f"{'prefix' if part == 'ack.len' else 'text'}: the Disconnected should say so",
+        expected=f"Disconnected: … {part} … {came} … {declared} …",
+        actual=str(outcome),
+    )
+    serves_again(target, worker, "TRN-041")
+
+
+# the bytes that came of the part, if the check knows them (the header's and the body's are the
+# frames written behind the cut one), and those its prefix declares
+CUT_FRAME_BYTES = {"two_part": (10, 24), "two_part.header": (4096,), "two_part.body": (4096,)}
+
+
+@covers("TRN-041")
+@requires(Capability.DIRECT, Capability.SCRIPT_WIRE_FAULTS, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("part", list(CUT_FRAMES))
+def test_a_frame_cut_short_says_how_much_of_it_came(target: Target, part: str) -> None:
+    """The worker's connection ends 10 bytes into a frame's 24-byte prefix, or inside a
+    header or a body declared as 4 KiB: the error item that ends the stream gives the bytes
+    the part declares (and, for the prefix, those of it that came)."""
+    worker = target.add_worker()
+    target.script_worker(worker, CUT_FRAMES[part])
+    request = target.submit(Direct(worker))
+    target.advance_time(2.0)  # the worker closes a second after its sentinel (TRN-028)
+    outcome = finished(target, request, "TRN-041")
+    message = outcome.error.links[0][1] if outcome.error is not None else ""
+    require(
+        "TRN-041",
+        outcome.error is not None and gives_numbers(message, CUT_FRAME_BYTES[part]),
+        f"the connection ended inside a frame's {part}: the error item should give "
+        f"{' of '.join(map(str, CUT_FRAME_BYTES[part]))} bytes",
+        expected=f"an error item: … {part} … {' … '.join(map(str, CUT_FRAME_BYTES[part]))} …",
+        actual=str(outcome),
     )
