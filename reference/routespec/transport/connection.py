@@ -19,6 +19,7 @@ from routespec.transport.frames import (
     ACK_PREFIX,
     MAX_ACK_BYTES,
     MAX_MESSAGE_BYTES,
+    REQUEST_LENGTHS,
     TWO_PART_PREFIX,
     U16,
     U32,
@@ -105,13 +106,11 @@ class ByteBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self.peak = 0
 
-    def charge(self, count: int) -> bool:
-        """Count ``count`` more bytes; False when the total is now over the limit."""
+    def charge(self, count: int) -> None:
+        """Count ``count`` more bytes (a part that takes the total past the limit is
+        refused by the connection that reads it)."""
         self.used += count
-        self.peak = max(self.peak, self.used)
-        return self.used <= self.limit
 
     def release(self, count: int) -> None:
         self.used -= count
@@ -471,13 +470,15 @@ class FramedConnection:
         (headers_len,) = U16.unpack(await self._exactly(U16.size, "request.headers_len"))
         headers = await self._part(headers_len, "request.headers")
         (payload_len,) = U32.unpack(await self._exactly(U32.size, "request.payload_len"))
-        check_length("request.payload_len", payload_len, MAX_MESSAGE_BYTES)
+        envelope = REQUEST_LENGTHS + path_len + headers_len
+        # TRN-049: 32 MiB in all, as Dynamo 1.6.1's worker counts it
+        check_length("request.payload_len", payload_len, MAX_MESSAGE_BYTES - envelope)
         payload = await self._part(payload_len, "request.payload")
         if path is None or headers is None or payload is None:
-            limit = "?" if self._budget is None else self._budget.limit
+            assert self._budget is not None  # only a budget refuses a part
             raise OverBudget(
-                f"a request of {path_len + headers_len + payload_len} bytes would take the "
-                f"worker's buffered request bytes past their limit of {limit}"
+                f"a request of {envelope + payload_len} bytes would take the worker's "
+                f"buffered request bytes past their limit of {self._budget.limit}"
             )
         try:
             text = path.decode()
@@ -495,10 +496,10 @@ class FramedConnection:
         buffer, budget = self._buffer, self._budget
         if budget is not None and budget.used - (len(buffer) - end) > budget.limit:
             return None
+        if end > MAX_MESSAGE_BYTES:  # TRN-049: 32 MiB in all
+            return None
         headers_start = 2 * U16.size + path_len
         payload_start = headers_start + headers_len + U32.size
-        if end - payload_start > MAX_MESSAGE_BYTES:
-            return None
         try:
             path = buffer[U16.size : U16.size + path_len].decode()
         except UnicodeDecodeError:

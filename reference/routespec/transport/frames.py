@@ -18,6 +18,7 @@ TWO_PART_PREFIX = struct.Struct(">QQQ")  # header_len, body_len, checksum
 ACK_PREFIX = struct.Struct(">I")
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
+REQUEST_LENGTHS = 2 * U16.size + U32.size  # a request message's three length prefixes
 
 
 SENTINEL = b'"sentinel"'  # the header of a response stream's last frame
@@ -57,6 +58,7 @@ def two_part_lengths(prefix: bytes, limit: int = MAX_MESSAGE_BYTES) -> tuple[int
     return header_len, body_len
 
 
+# TRN-050: each error gives the numbers that do not fit, after the field at fault.
 def decode_two_part(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> TwoPart:
     """Parse a complete two-part message held in memory."""
     if len(data) < TWO_PART_PREFIX.size:
@@ -81,7 +83,9 @@ class RequestMessage:
         path = self.path.encode()
         check_length("request.path_len", len(path), 0xFFFF)
         check_length("request.headers_len", len(self.headers), 0xFFFF)
-        check_length("request.payload_len", len(self.payload), MAX_MESSAGE_BYTES)
+        # TRN-043: 32 MiB in all, as a worker counts it (TRN-049)
+        room = MAX_MESSAGE_BYTES - REQUEST_LENGTHS - len(path) - len(self.headers)
+        check_length("request.payload_len", len(self.payload), room)
         return b"".join(
             (
                 U16.pack(len(path)),

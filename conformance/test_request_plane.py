@@ -1,0 +1,356 @@
+"""How a worker reads its request plane: each message — ``u16`` path length, path, ``u16``
+headers length, headers, ``u32`` payload length, payload (spec: "The wire in one page") —
+read whole however the peer's writes cut it or join it to others, at every bound of its
+lengths (TRN-049); what the worker's refusals say of a payload it cannot read (TRN-022,
+TRN-050) and of a request past its byte budget (TRN-026); the budget left by what it served.
+
+The checks hold raw request-plane connections open to a worker (Capability.WORKER_LIMITS)
+and write requests for paths it does not serve, so that each request it reads is answered at
+once with an ACK naming its path; a request it misreads is answered otherwise, or throws the
+connection out of step, so that the next one is.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.test_response_reuse import accept, handshake, listening, read_frame
+from routespec.conformance.test_transport import (
+    NO_ENDPOINT,
+    PEER,
+    request_message,
+    serves_again,
+    usable_control,
+)
+from routespec.conformance.test_wire import gives_numbers
+from routespec.conformance.test_worker_limits import (
+    BUDGET,
+    MAX_MESSAGE_BYTES,
+    OVERLOADED_ACK,
+    declared_prefix,
+    not_refused,
+    refused_overloaded,
+    sized_request,
+)
+from routespec.conformance.test_worker_server import UNAVAILABLE_ACK, raw_message
+from routespec.testing.target import (
+    Capability,
+    HeldConnection,
+    Serve,
+    Target,
+    WorkerBounds,
+)
+
+CONTROL = json.dumps(usable_control(f"{PEER}:9", "plane")).encode()  # never dialled
+BODY = json.dumps({"pad": "x" * 1000}).encode()  # a payload of some length (1,300 bytes)
+UNUSABLE = "unusable request: "  # a refusal of the request's bytes (TRN-022), not its path
+SHOWN_PATH = 1024  # a longer path is checked by its start: the ACK is bounded (TRN-038)
+
+
+def refuses_unknown_path(ack: str, path: str) -> bool:
+    """The answer to a request for a path the worker does not serve: ``Server unavailable:``
+    naming the path last (the reference's "no endpoint at P", Dynamo's "unknown endpoint P"),
+    not a refusal of the request's bytes."""
+    if not ack.startswith(UNAVAILABLE_ACK) or UNUSABLE in ack:
+        return False
+    if len(path) > SHOWN_PATH:
+        return f" {path[:SHOWN_PATH]}" in ack
+    return ack.endswith(f" {path}")
+
+
+def answered_in_turn(
+    seen: HeldConnection, count: int, path: str, what: str, *, of: int | None = None
+) -> None:
+    """Request ``count`` of the connection, for ``path``, was read and answered in turn,
+    and ``of`` requests (``count`` unless given) in all so far."""
+    of = count if of is None else of
+    ack = seen.acks[count - 1] if len(seen.acks) == of else None
+    require(
+        "TRN-049",
+        not seen.closed and ack is not None and refuses_unknown_path(ack, path),
+        f"{what}: the worker should read request {count} whole and answer it, naming its "
+        f"path {path[:60]!r}, and keep the connection",
+        expected=f"ACK {count} of {of}: {UNAVAILABLE_ACK}… {path[:60]}, the connection open",
+        actual=f"{len(seen.acks)} ACKs, the last {seen.acks[-1:]!r}, "
+        + ("closed" if seen.closed else "open"),
+    )
+
+
+def waiting(seen: HeldConnection, count: int, what: str) -> None:
+    """Request ``count`` is part-written: not answered yet, its connection open."""
+    require(
+        "TRN-049",
+        not seen.closed and len(seen.acks) == count - 1,
+        f"{what}: the worker should wait for the rest of request {count}",
+        expected=f"{count - 1} ACKs, the connection open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+
+
+def numbered(count: int) -> str:
+    """A path of the same length for every request, naming its turn."""
+    return f"{NO_ENDPOINT}/{count:04d}"
+
+
+ENVELOPE = len(request_message(numbered(0), CONTROL, BODY)) - (24 + len(CONTROL) + len(BODY))
+
+
+@covers("TRN-049")
+@requires(Capability.WORKER_LIMITS)
+def test_a_request_cut_anywhere_is_read_whole_once_it_is_all_there(target: Target) -> None:
+    """Request n is written in two parts, cut after its n-th byte — each byte of the
+    envelope (lengths, path, headers) and of the payload's two-part prefix, then every 64th
+    byte: the worker answers nothing while the request is part-written, and answers it once
+    it is whole, on the same connection throughout."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    length = len(request_message(numbered(0), CONTROL, BODY))
+    cuts = [*range(1, ENVELOPE + 25), *range(ENVELOPE + 25, length, 64), length - 1]
+    for count, cut in enumerate(cuts, 1):
+        data = request_message(numbered(count), CONTROL, BODY)
+        what = f"a request of {length} bytes cut after byte {cut}"
+        waiting(target.write(connection, data[:cut]), count, what)
+        answered_in_turn(target.write(connection, data[cut:]), count, numbered(count), what)
+
+
+@covers("TRN-049")
+@requires(Capability.WORKER_LIMITS)
+def test_a_request_written_byte_by_byte_is_read_whole(target: Target) -> None:
+    """Every byte in a write of its own: the worker answers the request after its last
+    byte, and the next request, written whole, after it."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    data = request_message(numbered(1), CONTROL)
+    for at in range(len(data) - 1):
+        seen = target.write(connection, data[at : at + 1])
+        if seen.closed or seen.acks:
+            waiting(seen, 1, f"a request written byte by byte, {at + 1} of {len(data)} so far")
+    what = f"a request of {len(data)} bytes written byte by byte"
+    answered_in_turn(target.write(connection, data[-1:]), 1, numbered(1), what)
+    again = request_message(numbered(2), CONTROL)
+    answered_in_turn(target.write(connection, again), 2, numbered(2), "the next, whole")
+
+
+@covers("TRN-049")
+@requires(Capability.WORKER_LIMITS)
+def test_requests_written_together_are_answered_in_turn(target: Target) -> None:
+    """Three requests and the first half of a fourth in one write: the three are answered
+    in turn, the fourth once its second half comes."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    requests = [request_message(numbered(n), CONTROL, BODY) for n in range(1, 5)]
+    half = len(requests[3]) // 2
+    seen = target.write(connection, b"".join(requests[:3]) + requests[3][:half])
+    for count in range(1, 4):
+        answered_in_turn(seen, count, numbered(count), "three requests written together", of=3)
+    waiting(seen, 4, "the fourth request, half written with the three")
+    answered_in_turn(
+        target.write(connection, requests[3][half:]), 4, numbered(4), "its second half"
+    )
+
+
+U16_MAX = 0xFFFF
+PATHS = {"empty": "", "one-byte": "p", "65535-bytes": "p" * U16_MAX}
+HEADERS = {  # a JSON object of strings, or nothing at all
+    "none": b"",
+    "an-empty-object": b"{}",
+    "three-bytes": b"{ }",
+    "65535-bytes": b'{"k":"' + b"v" * (U16_MAX - 8) + b'"}',
+}
+
+
+@covers("TRN-049")
+@requires(Capability.WORKER_LIMITS)
+def test_paths_and_headers_are_read_at_every_length(target: Target) -> None:
+    """A path of 0, 1 and 65,535 bytes, each with headers of 0, 2, 3 and 65,535 bytes, one
+    request after the other on one connection: each is read whole and answered naming its
+    path (a 65,535-byte one by its start)."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    count = 0
+    for path_name, path in PATHS.items():
+        for headers_name, headers in HEADERS.items():
+            count += 1
+            data = request_message(path, CONTROL, BODY, headers)
+            what = f"a request with a path of {path_name} and headers of {headers_name}"
+            answered_in_turn(target.write(connection, data), count, path, what)
+
+
+@covers("TRN-049", "TRN-012")
+@requires(Capability.WORKER_LIMITS, Capability.DIRECT)
+def test_a_request_of_32_mib_is_read_and_a_byte_more_ends_its_connection(
+    target: Target,
+) -> None:
+    """A request-plane message of exactly 32 MiB in all (lengths, path, headers and payload)
+    is read and answered; one whose lengths declare a byte more ends its connection at once,
+    before its payload comes, and the worker serves the next request."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    seen = target.write(connection, sized_request(MAX_MESSAGE_BYTES))
+    not_refused(seen, 1, "TRN-049", f"a request of exactly {MAX_MESSAGE_BYTES} bytes")
+    envelope = len(declared_prefix(0, 0))
+    over = target.connect(worker)
+    seen = target.write(over, declared_prefix(MAX_MESSAGE_BYTES + 1 - envelope, 0))
+    require(
+        "TRN-049",
+        seen.closed and "" not in seen.acks,
+        f"a request whose lengths declare {MAX_MESSAGE_BYTES + 1} bytes in all should end "
+        "its connection, unaccepted, without waiting for its payload",
+        expected="no empty ACK, the connection closed",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    serves_again(target, worker, "TRN-012")
+
+
+# --- what the refusals say ---
+
+PREFIX = struct.Struct(">QQQ")  # a two-part message's header and body lengths, checksum
+NOT_TWO_PART = {  # the payload, the field its refusal names, the numbers it gives, in order
+    "shorter-than-its-prefix": (b"\x00" * 10, "two_part", (10,)),
+    "longer-than-it-declares": (PREFIX.pack(2, 0, 0) + b"{}left over", "two_part", (26, 35)),
+    "a-header-past-32-mib": (
+        PREFIX.pack(MAX_MESSAGE_BYTES + 1, 0, 0),
+        "two_part.header_len",
+        (MAX_MESSAGE_BYTES + 1, MAX_MESSAGE_BYTES),
+    ),
+    "a-body-past-what-the-header-leaves": (
+        PREFIX.pack(2, MAX_MESSAGE_BYTES - 1, 0) + b"{}",
+        "two_part.body_len",
+        (MAX_MESSAGE_BYTES - 1, MAX_MESSAGE_BYTES - 2),
+    ),
+    "a-prefix-declaring-nothing": (PREFIX.pack(0, 0, 0), "control_message", ()),
+}
+
+
+@covers("TRN-022", "TRN-050")
+@requires(Capability.WORKER_LIMITS)
+def test_a_payload_that_is_no_two_part_message_is_refused_with_its_numbers(
+    target: Target,
+) -> None:
+    """Each payload is refused at its ACK as ``Server unavailable: unusable request:
+    <field>: …``, the field the one at fault (a 24-byte prefix declaring an empty header is
+    a two-part message, whose control message is not JSON), with the numbers that do not
+    fit: the bytes it holds (and those it declares), or the length declared and its limit."""
+    worker = target.add_worker()
+    connection = target.connect(worker)
+    for count, (name, (payload, field, numbers)) in enumerate(NOT_TWO_PART.items(), 1):
+        seen = target.write(connection, raw_message(NO_ENDPOINT, payload))
+        ack = seen.acks[-1] if len(seen.acks) == count else ""
+        refusal = f"{UNAVAILABLE_ACK}{UNUSABLE}{field}: "
+        require(
+            "TRN-022",
+            not seen.closed and ack.startswith(refusal),
+            f"a request whose payload is {name} should be refused at its ACK naming {field}, "
+            "the connection kept open",
+            expected=f"ACK {count}: {refusal}…, open",
+            actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+        )
+        require(
+            "TRN-050",
+            gives_numbers(ack, numbers),
+            f"the refusal of a payload {name} should give the numbers {numbers}, in order",
+            expected=f"{refusal}… {' … '.join(map(str, numbers))}",
+            actual=repr(ack),
+        )
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS)
+def test_a_refusal_for_load_names_the_requests_size_and_the_budget(target: Target) -> None:
+    """A request one byte past the budget, in one write or written in two (its envelope
+    first): ``Server overloaded: …`` gives its size in bytes, all of it, and the budget."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    connection = target.connect(worker)
+    over = sized_request(BUDGET + 1)
+    for count, writes in enumerate(([over], [over[:64], over[64:]]), 1):
+        for data in writes:
+            seen = target.write(connection, data)
+        refused_overloaded(seen, count, "TRN-026", f"a request of {BUDGET + 1} bytes")
+        require(
+            "TRN-026",
+            gives_numbers(seen.acks[-1], (BUDGET + 1, BUDGET)),
+            f"the refusal of a request of {BUDGET + 1} bytes for load should give its size "
+            f"and the budget, {BUDGET} bytes",
+            expected=f"{OVERLOADED_ACK}… {BUDGET + 1} … {BUDGET} …",
+            actual=repr(seen.acks[-1]),
+        )
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS)
+def test_a_request_refused_for_load_leaves_its_connection_in_step(target: Target) -> None:
+    """Another connection holds all but a few bytes of the budget (a request cut short):
+    a request refused for load is dropped whole, its length prefixes with it, so that once
+    the held bytes are gone, its connection's next request is read and answered."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    held = sized_request(BUDGET)
+    for spare in range(1, 9):
+        holder, other = target.connect(worker), target.connect(worker)
+        target.write(holder, held[: BUDGET - spare])
+        what = f"{BUDGET - spare} bytes held on another connection"
+        refused_overloaded(target.write(other, sized_request(512)), 1, "TRN-026", what)
+        not_refused(target.write(holder, held[BUDGET - spare :]), 1, "TRN-026", "the held one")
+        seen = target.write(other, sized_request(512))
+        not_refused(seen, 2, "TRN-026", f"the next request after a refusal ({what})")
+        target.disconnect(holder)
+        target.disconnect(other)
+
+
+@covers("TRN-026")
+@requires(Capability.WORKER_LIMITS, Capability.DIRECT)
+def test_streams_served_leave_the_byte_budget_as_it_was(target: Target) -> None:
+    """A worker that served three streams (their connections bounded by the same budget)
+    still reads a request of exactly its budget and refuses one a byte longer."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    target.script_worker(worker, Serve(2))
+    for _ in range(3):
+        serves_again(target, worker, "TRN-026")
+    connection = target.connect(worker)
+    not_refused(target.write(connection, sized_request(BUDGET)), 1, "TRN-026", "at the budget")
+    seen = target.write(connection, sized_request(BUDGET + 1))
+    refused_overloaded(seen, 2, "TRN-026", "a byte past the budget, after three streams")
+
+
+# --- dialling ---
+
+MAPPED_PEER = f"[::ffff:{PEER}]"  # the peer's IPv4 address in its IPv6 form
+
+
+def ipv6_sockets() -> bool:
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError:
+        return False
+    return True
+
+
+@covers("TRN-027")
+@requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+def test_a_response_address_in_ipv6_form_is_dialled(target: Target) -> None:
+    """The response address names the request's peer as an IPv4-mapped IPv6 literal,
+    ``[::ffff:127.0.0.1]:PORT``: that is the peer, so the worker dials it there and serves
+    the request (on a host without IPv6 sockets there is nothing to check)."""
+    if not ipv6_sockets():
+        return
+    worker = target.add_worker()
+    with listening() as listener:
+        address = f"{MAPPED_PEER}:{listener.getsockname()[1]}"
+        control = json.dumps(usable_control(address, "mapped")).encode()
+        target.send_raw(worker, request_message(target.worker_path(worker), control))
+        stream = accept(listener)
+        require("TRN-027", stream is not None, f"worker {worker} never dialled {address}")
+        assert stream is not None
+        with stream:
+            introduced = handshake(stream)
+            prologue = json.loads(read_frame(stream)[0])
+    require(
+        "TRN-027",
+        introduced == {"subject": "mapped", "stream_type": "response"}
+        and prologue == {"error": None},
+        f"worker {worker} should serve a request whose response address is {address}",
+        expected='handshake {"subject": "mapped", "stream_type": "response"}, prologue ok',
+        actual=f"handshake {introduced}, prologue {prologue}",
+    )
