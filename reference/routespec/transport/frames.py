@@ -1,7 +1,8 @@
 """Byte layouts of the TCP request plane and of response-stream frames (TRN-001).
 
 Every length prefix is checked against its limit before anything is allocated for it
-(TRN-012); a violation is a ``WireProtocolError`` naming the field.
+(TRN-012); a violation is a ``WireProtocolError`` naming the field, then the numbers that
+do not fit (TRN-050).
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ def two_part_lengths(prefix: bytes, limit: int = MAX_MESSAGE_BYTES) -> tuple[int
     return header_len, body_len
 
 
-# TRN-050: each error gives the numbers that do not fit, after the field at fault.
 def decode_two_part(data: bytes, limit: int = MAX_MESSAGE_BYTES) -> TwoPart:
     """Parse a complete two-part message held in memory."""
     if len(data) < TWO_PART_PREFIX.size:
