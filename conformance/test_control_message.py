@@ -1,18 +1,21 @@
 """The control message a worker reads (TRN-022, TRN-044, TRN-027), field by field.
 
 Every field of ``CONTROL_SCHEMA`` (Dynamo 1.6.1's ``RequestControlMessage``) is left out, given
-a value of the wrong type, and given a value of the right type its field does not allow; each
-request must be answered with a typed error naming that field by its dotted path — refused at
-the ACK when the response stream cannot be dialled, else failed in its prologue — and, for a
-value the field does not allow, quoting it. The fields that may be absent must be: such a
-request is served. The checks send raw requests, as ``test_transport``'s TRN-022 checks do,
-but deterministically: one request per field and kind of fault.
+a value of the wrong type, a string that is not valid Unicode, and a value of the right type
+its field does not allow; each request must be answered with a typed error naming that field
+by its dotted path (an entry of ``metadata`` by its key) — refused at the ACK when the
+response stream cannot be dialled, else failed in its prologue — saying what is wrong with
+the value (TRN-048), and, for a string the field does not allow, quoting it (TRN-044). The
+fields that may be absent must be: such a request is served. The checks send raw requests,
+as ``test_transport``'s TRN-022 checks do, but deterministically: one request per field and
+kind of fault.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import string
 from collections.abc import Callable, Iterator, Mapping
 
@@ -43,15 +46,42 @@ from routespec.testing.target import Capability, Target
 
 REFUSED = "Server unavailable: unusable request: "  # an ACK refusal's text, up to the field
 WRONG_TYPE = 7  # of the wrong type for every field: no field is a number
-UNSUPPORTED: Mapping[str, Mapping[str, object]] = {  # by kind: values of the right type
-    # that the field refuses, by name
-    "enum": {"unsupported": "bogus"},
-    "address": {"not-host-port": "no-port"},
-    "json-object": {"not-json": "{not json", "not-an-object": "[]"},
-    "string-map": {"not-strings": {"trace": 7}},
-    "request-id": {"not-the-id": f"{NOT_THE_ID}other"},
+NOT_UNICODE = "x\udc80"  # a lone surrogate: JSON escapes it, no UTF-8 codec can send it
+NOT_UNICODE_LITERAL = "x\\udc80"  # as its quoted literal shows it, escaped
+ENTRY = "trace"  # the metadata key whose value a check makes unusable
+Says = tuple[tuple[str, ...], ...]  # words an error must say: one of each tuple
+NUMBER = ("int", "integer", "number")  # the type of WRONG_TYPE, in any language's words
+TAKES = {"object": ("object", "map"), "string-map": ("object", "map")}  # else a string
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A value of the right type that a field of some kind refuses: what its error must say
+    (TRN-048), the literal it must quote (TRN-044; None: none), and whether it is an
+    entry's value (``metadata['trace']``) rather than the field's."""
+
+    value: object
+    says: Says = ()
+    quoted: str | None = None
+    entry: bool = False
+
+
+UNSUPPORTED: Mapping[str, Mapping[str, Fault]] = {  # by kind, by name
+    "enum": {"unsupported": Fault("bogus", quoted="bogus")},
+    "address": {"not-host-port": Fault("no-port", quoted="no-port")},
+    "json-object": {
+        "not-json": Fault("{not json", (("not valid json",),)),
+        "not-an-object": Fault("[]", (("object", "map"), ("list", "array", "sequence"))),
+    },
+    "string-map": {
+        "not-strings": Fault({ENTRY: WRONG_TYPE}, (("string",), NUMBER), entry=True),
+        "not-unicode": Fault({ENTRY: NOT_UNICODE}, quoted=NOT_UNICODE_LITERAL, entry=True),
+    },
+    "request-id": {
+        "not-the-id": Fault(f"{NOT_THE_ID}other", quoted=f"{NOT_THE_ID}other"),
+    },
 }
-QUOTED = ("enum", "address", "request-id")  # kinds whose refused strings the error quotes
+READ_AS_STRINGS = ("string", "enum", "address", "json-object", "request-id")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # a key by identity: a value may be a dict
@@ -64,6 +94,7 @@ class Case:
     at_ack: bool
     quoted: str | None
     control: Callable[[int, str], bytes]  # the control message for a port and a request id
+    says: Says = ()  # what the error must say is wrong (TRN-048)
 
     def __str__(self) -> str:
         return self.name
@@ -74,16 +105,23 @@ def _field_cases(
 ) -> Iterator[Case]:
     for name, field in fields.items():
         path = (*prefix, name)
-        refused = UNSUPPORTED.get(field.kind, {})
-        faults: dict[str, object] = {"wrong-type": WRONG_TYPE, **refused}
+        faults = {"wrong-type": Fault(WRONG_TYPE, (TAKES.get(field.kind, ("string",)), NUMBER))}
+        if field.kind in READ_AS_STRINGS:
+            faults["not-unicode"] = Fault(NOT_UNICODE, quoted=NOT_UNICODE_LITERAL)
+        faults.update(UNSUPPORTED.get(field.kind, {}))
         if field.required:
-            faults["missing"] = MISSING
-        for fault, value in faults.items():
-            unusable = _unusable(path, many_in, (value, None))
-            quoted = value if fault in refused and field.kind in QUOTED else None
-            assert quoted is None or isinstance(quoted, str)
-            label = f"{unusable.field}-{fault}"
-            yield Case(label, unusable.field, unusable.at_ack, quoted, unusable.control)
+            faults["missing"] = Fault(MISSING)
+        for label, fault in faults.items():
+            unusable = _unusable(path, many_in, (fault.value, None))
+            named = f"{unusable.field}['{ENTRY}']" if fault.entry else unusable.field
+            yield Case(
+                f"{named}-{label}",
+                named,
+                unusable.at_ack,
+                fault.quoted,
+                unusable.control,
+                fault.says,
+            )
         yield from _field_cases(field.fields, path, many_in)
 
 
@@ -100,8 +138,22 @@ CASES = [
         {k: v for k, v in CONTROL_SCHEMA.items() if k != REQUEST_STREAM_FIELD}, (), False
     ),
     *_field_cases({REQUEST_STREAM_FIELD: CONTROL_SCHEMA[REQUEST_STREAM_FIELD]}, (), True),
-    Case("control_message-not-json", "control_message", True, None, _whole(b"{not json")),
-    Case("control_message-not-an-object", "control_message", True, None, _whole(b"[]")),
+    Case(
+        "control_message-not-json",
+        "control_message",
+        True,
+        None,
+        _whole(b"{not json"),
+        UNSUPPORTED["json-object"]["not-json"].says,
+    ),
+    Case(
+        "control_message-not-an-object",
+        "control_message",
+        True,
+        None,
+        _whole(b"[]"),
+        UNSUPPORTED["json-object"]["not-an-object"].says,
+    ),
     _unusable_case("control_message-over-128-kib", OVERSIZED),
 ]
 AT_ACK = [case for case in CASES if case.at_ack]
@@ -111,6 +163,14 @@ IN_PROLOGUE = [case for case in CASES if not case.at_ack]
 def quotes(text: str, value: str) -> bool:
     """``text`` quotes ``value`` (a plain word) in single or double quotes."""
     return any(f"{quote}{value}{quote}" in text for quote in "'\"")
+
+
+def says(text: str, words: Says) -> bool:
+    """``text`` says one of each tuple of ``words``, each as a whole word, in any case."""
+    return all(
+        any(re.search(rf"\b{re.escape(word)}\b", text, re.IGNORECASE) for word in choices)
+        for choices in words
+    )
 
 
 def require_answers(seen: Mapping[Case, str | None], where: str, expected: str) -> None:
@@ -136,6 +196,14 @@ def require_answers(seen: Mapping[Case, str | None], where: str, expected: str) 
         expected="each error quoting the refused value",
         actual="; ".join(unquoted),
     )
+    unsaid = [f"{case}: {text!r}" for case, text in seen.items() if not says(text or "", case.says)]
+    require(
+        "TRN-048",
+        not unsaid,
+        f"{len(unsaid)} errors do not say what is wrong with the value",
+        expected="each error saying the type expected and the type given, or 'not valid json'",
+        actual="; ".join(unsaid),
+    )
 
 
 def names(text: str | None, case: Case) -> bool:
@@ -143,12 +211,13 @@ def names(text: str | None, case: Case) -> bool:
     prologue, as a whole word."""
     if text is None:
         return False
+    spellings = {case.field, case.field.replace("'", '"')}  # an entry's key in either quotes
     if case.at_ack:  # the refusal's text, as TRN-022 quotes it
-        return text.startswith(f"{REFUSED}{case.field}: ")
-    return names_field(text, case.field)
+        return any(text.startswith(f"{REFUSED}{field}: ") for field in spellings)
+    return any(names_field(text, field) for field in spellings)
 
 
-@covers("TRN-022", "TRN-044")
+@covers("TRN-022", "TRN-044", "TRN-048")
 @requires(Capability.WORKER_LIMITS)
 def test_an_unusable_response_address_is_refused_naming_its_field(target: Target) -> None:
     """On one held connection, one request for each fault the response stream cannot be
@@ -177,7 +246,7 @@ def invalid_argument(prologue: object) -> str | None:
     return None
 
 
-@covers("TRN-022", "TRN-044")
+@covers("TRN-022", "TRN-044", "TRN-048")
 @requires(Capability.WIRE_TRANSPORT)
 def test_an_unusable_field_fails_its_request_in_the_prologue_naming_it(target: Target) -> None:
     """One request for each fault in a field the worker needs no dial-back for (each with a

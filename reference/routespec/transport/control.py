@@ -201,7 +201,7 @@ def _stream_address(
     """Where the worker dials the stream ``name`` back and the subject it introduces it by,
     and the stream's info (its type and context checked later, by ``_checked``)."""
     connection = _object(fields.get(name), name)
-    transport = connection.get("transport")
+    transport = _string(connection.get("transport"), f"{name}.transport")  # TRN-048
     if transport != TCP_SERVER:
         raise WireProtocolError(f"{name}.transport", f"unsupported {shown(transport)}")
     info_text = _string(connection.get("info"), f"{name}.info")
