@@ -11,6 +11,7 @@ import ipaddress
 import itertools
 import json
 import re
+import select
 import socket
 import struct
 import time
@@ -30,8 +31,10 @@ from routespec.conformance.checks import (
     require_false,
     requires,
 )
+from routespec.conformance.plugin import OpenTarget
 from routespec.conformance.scenario import (
     MODE_CAPABILITY,
+    built,
     finished,
     finished_after_transfer,
     names_field,
@@ -58,6 +61,7 @@ from routespec.testing.target import (
     SilentStage,
     Stall,
     Target,
+    TargetConfig,
     WireFault,
     WorkerScript,
     WriteAck,
@@ -2167,4 +2171,138 @@ def test_a_blocking_reason_is_withheld_before_the_stream(target: Target, reason:
         error is not None and error.typed_chain == ("CannotConnect",),
         f"worker {worker} failed before its stream with WorkerOverloaded (reason {reason}); "
         f"the caller should see CannotConnect with no typed cause, got {outcome}",
+    )
+
+
+# --- TRN-051 … TRN-054: the caller's response-stream server, and what a worker reads ---
+
+HANDSHAKE_DEADLINE = 10.0  # seconds a caller waits for a dialled-in connection's handshake
+INTEGER_KEYS = {"request": "integer-keys", 7: "seven", "nested": {-1: [0]}}  # msgpack carries
+# any key, JSON only strings: for a worker speaking msgpack (the reference's default)
+
+
+def response_infos(target: Target, count: int, requirement: str) -> list[dict[str, object]]:
+    """The ``connection_info.info`` (decoded; {} if none) a worker read for each of
+    ``count`` requests served one after another."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(1))
+    infos = []
+    for _ in range(count):
+        request = target.submit(Direct(worker))
+        finished(target, request, requirement)
+        control = target.control_message(request)
+        connection = control.get(RESPONSE_FIELD) if control else None
+        text = connection.get("info") if isinstance(connection, dict) else None
+        info = json.loads(text) if isinstance(text, str) and _is_json(text) else None
+        infos.append(info if isinstance(info, dict) else {})
+    return infos
+
+
+@covers("TRN-051")
+@requires(Capability.DIRECT, Capability.OBSERVE_CONTROL_MESSAGE)
+def test_no_two_callers_name_a_stream_alike(open_target: OpenTarget) -> None:
+    """Two callers opened one after the other in this process, two requests each: the four
+    response streams have four subjects."""
+    subjects = []
+    for _ in range(2):
+        with built(open_target, TargetConfig(), "TRN-051") as target:
+            subjects += [info.get("subject") for info in response_infos(target, 2, "TRN-051")]
+    require(
+        "TRN-051",
+        all(isinstance(subject, str) for subject in subjects)
+        and len(set(subjects)) == len(subjects),
+        "two callers' streams should each have a subject no other stream has",
+        expected="4 distinct subjects",
+        actual=repr(subjects),
+    )
+
+
+@covers("TRN-052")
+@requires(Capability.DIRECT, Capability.OBSERVE_CONTROL_MESSAGE)
+def test_the_response_server_listens_only_where_it_says(target: Target) -> None:
+    """The response address a caller writes in its control message is the one address its
+    response server accepts at: the same port on another loopback address refuses."""
+    [info] = response_infos(target, 1, "TRN-052")
+    host, _, port = str(info.get("address")).rpartition(":")
+    require("TRN-052", port.isdigit(), f"no response address was read: {info!r}")
+    elsewhere = "127.0.0.2" if host.strip("[]") == PEER else PEER  # loopback, not the host
+    try:
+        with socket.create_connection((elsewhere, int(port)), timeout=DIAL_WAIT):
+            accepted = True
+    except OSError:
+        accepted = False
+    require_false(
+        "TRN-052",
+        accepted,
+        f"the caller's response server is at {host}:{port}; the same port at {elsewhere} "
+        "should refuse a connection, and accepted it",
+    )
+
+
+def readable_within(stream: socket.socket, seconds: float) -> bool:
+    """Whether ``stream`` has something to read, or has closed, within ``seconds``."""
+    poller = select.poll()
+    poller.register(stream, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
+
+
+def held_more_than(target: Target, count: int) -> bool:
+    """Whether the caller holds more than ``count`` response connections within
+    ``DIAL_WAIT`` real seconds (it accepts a dialled connection on its own time)."""
+    deadline = time.monotonic() + DIAL_WAIT
+    while target.response_connections() <= count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@covers("TRN-053")
+@requires(
+    Capability.DIRECT,
+    Capability.OBSERVE_CONTROL_MESSAGE,
+    Capability.OBSERVE_INFLIGHT,
+    Capability.MOCK_CLOCK,
+)
+def test_a_connection_without_a_handshake_is_closed_at_10_s(target: Target) -> None:
+    """A connection dialled to the caller's response server that never sends a handshake is
+    kept open until 10 s after the caller accepted it (here: 10 ms before) and closed at
+    10 s, after which the caller holds nothing of it."""
+    [info] = response_infos(target, 1, "TRN-053")
+    host, _, port = str(info.get("address")).rpartition(":")
+    require("TRN-053", port.isdigit(), f"no response address was read: {info!r}")
+    before = target.response_connections()
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=DIAL_WAIT) as silent:
+        if not held_more_than(target, before):
+            pytest.fail(f"setup: the caller at {host}:{port} never accepted the connection")
+        target.advance_time(HANDSHAKE_DEADLINE - 0.01)
+        early = readable_within(silent, 0.1)
+        target.advance_time(0.02)
+        closed = readable_within(silent, DIAL_WAIT) and not silent.recv(1)
+    require(
+        "TRN-053",
+        not early and closed and target.response_connections() == before,
+        "a connection with no handshake should stay open for 10 s and be closed then",
+        expected=f"open at 9.99 s, closed at 10.01 s, {before} connections held after",
+        actual=f"{'closed' if early else 'open'} at 9.99 s, {'closed' if closed else 'open'} "
+        f"at 10.01 s, {target.response_connections()} held",
+    )
+
+
+@covers("TRN-054")
+@requires(Capability.DIRECT, Capability.WIRE_TRANSPORT)
+def test_a_payload_with_integer_map_keys_is_served(target: Target) -> None:
+    """A request whose msgpack payload has maps with integer keys (any msgpack map key
+    decodes) is served, and reaches the worker as sent."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(1))
+    request = target.submit(Direct(worker, INTEGER_KEYS))
+    outcome = finished(target, request, "TRN-054")
+    delivered = [d.payload for d in target.dispatch_log() if d.request_id == request]
+    require(
+        "TRN-054",
+        outcome.error is None and indices(outcome) == [0] and delivered == [INTEGER_KEYS],
+        f"a request whose payload is {INTEGER_KEYS!r} should be served with it",
+        expected=f"one item, the worker receiving {INTEGER_KEYS!r}",
+        actual=f"{outcome}, received {delivered!r}",
     )

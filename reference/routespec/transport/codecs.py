@@ -1,4 +1,5 @@
-"""Payload codecs: msgpack (Dynamo's default) and JSON (TRN-001)."""
+"""Payload codecs: msgpack (Dynamo's default; a map key of any type, TRN-054) and JSON
+(TRN-001)."""
 
 from __future__ import annotations
 

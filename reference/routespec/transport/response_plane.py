@@ -4,7 +4,7 @@ A registration is made before the request is written (TRN-001, TRN-014). A worke
 names its registration in the handshake frame; an unknown or late subject is closed. A
 connection whose handshake offered reuse, read to its stream's sentinel, is released back to
 its worker (TRN-028) and waits here for that worker's next handshake, for as long as the
-worker keeps it open.
+worker keeps it open. The plane listens only at the address it gives workers (TRN-052).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from routespec.transport.connection import CONNECTION_ERRORS, FramedConnection
 from routespec.transport.frames import MAX_CONTROL_BYTES, TwoPart, WireProtocolError
 from routespec.transport.response_pool import REUSE
 
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 10.0  # TRN-053: a fresh connection's, from its accept
 ACCEPT_RETRY = 0.1
 # accept() errors that mean "out of resources", on which trio.serve_listeners waits too
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})

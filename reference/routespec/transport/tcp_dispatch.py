@@ -198,8 +198,9 @@ class TcpDispatch:
         return connection
 
     def _stream_address(self, request: Request) -> StreamAddress:
-        # A subject unique to this transport: a random prefix, then a count (cheaper than
-        # a uuid4 per stream; the 32 hex digits are the same shape).
+        # A subject unique to this transport, which no peer can predict (TRN-051): a random
+        # prefix, then a count (cheaper than a uuid4 per stream; the 32 hex digits are the
+        # same shape).
         subject = f"{self._subject_prefix}{next(self._subjects):016x}"
         return StreamAddress(self._response_plane.address, subject, request.request_id)
 
