@@ -53,16 +53,17 @@ def mutmut_command() -> list[str]:
     return [*without_mode_override(), found]
 
 
-FILE_MODE_CAPABILITIES = "-dac_override,-dac_read_search"
+ROOT_ONLY_CAPABILITIES = "-dac_override,-dac_read_search,-net_bind_service"
 
 
 def without_mode_override() -> list[str]:
-    """A prefix that runs a command as root without the capabilities that let root read and
-    list files whatever their mode: checks of an unreadable record or directory (DSC-011,
-    DSC-014) skip where modes do not bind, so as plain root their mutants would survive."""
+    """A prefix that runs a command as root without the capabilities an ordinary user lacks:
+    reading and listing files whatever their mode (checks of an unreadable record or directory,
+    DSC-011 and DSC-014, skip where modes do not bind, so as plain root their mutants would
+    survive) and binding ports under 1024 (a listener on a fixed low port works as root)."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return []
-    caps = FILE_MODE_CAPABILITIES
+    caps = ROOT_ONLY_CAPABILITIES
     return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
 
 

@@ -273,9 +273,10 @@ def markdown(
         "(survived or reached by no check); a mutant killed by either lane is killed.",
         "- Equivalent mutants (`mutation/equivalents.toml`) are not run; an entry pins the "
         "function's hash, so an edit to the function marks it stale.",
-        "- As root, the lanes run without the capabilities that override file modes "
-        "(`setpriv`, `-dac_override,-dac_read_search`), so the checks of an unreadable "
-        "record or directory (DSC-011, DSC-014) run rather than skip.",
+        "- As root, the lanes run without the capabilities an ordinary user lacks "
+        "(`setpriv`, `-dac_override,-dac_read_search,-net_bind_service`), so the checks of "
+        "an unreadable record or directory (DSC-011, DSC-014) run rather than skip, and a "
+        "listener on a fixed low port fails as it would for a user.",
         "- Not seen: code that runs only inside a drill worker process of `reference-tcp` "
         "counts as reached by no check (mutmut records reach in its own process), though "
         "the process does import the mutated copy.",
