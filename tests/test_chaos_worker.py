@@ -542,7 +542,9 @@ def test_slow_senders_of_large_messages_stay_within_the_budget(tmp_path: Path) -
                 await warm_up(dispatch, worker)
                 baseline = Figures.of(worker)
                 path = worker.path.encode()
-                head = U16.pack(len(path)) + path + U16.pack(2) + b"{}" + U32.pack(declared)
+                envelope = 2 * U16.size + len(path) + 2 + U32.size
+                payload = declared - envelope  # the message is 32 MiB in all (TRN-049)
+                head = U16.pack(len(path)) + path + U16.pack(2) + b"{}" + U32.pack(payload)
                 async with contextlib.AsyncExitStack() as held:
                     streams = []
                     for _ in range(senders):
@@ -554,7 +556,7 @@ def test_slow_senders_of_large_messages_stay_within_the_budget(tmp_path: Path) -
                     peak = Figures.of(worker)
                     served = await calls(dispatch, worker, 10, "slow")
                     for stream in streams:  # the rest of each message: refused, or undecodable
-                        await stream.send_all(bytes(declared - sent))
+                        await stream.send_all(bytes(payload - sent))
                     for stream in streams:
                         connection = FramedConnection(stream)
                         ack = None
