@@ -37,7 +37,7 @@ from routespec.testing.target import (
 )
 from routespec.transport.connection import CONNECTION_ERRORS, LOOPBACK, FramedConnection
 from routespec.transport.control import DialBackPolicy
-from routespec.transport.frames import WireProtocolError
+from routespec.transport.frames import ACK_PREFIX, MAX_ACK_BYTES
 from routespec.transport.response_pool import ResponsePool
 from routespec.transport.tcp_dispatch import TcpDispatch
 from routespec.transport.worker_server import WorkerLimits
@@ -98,20 +98,32 @@ class RawConnection:
     stream: trio.SocketStream
     acks: list[str] = attrs.field(factory=list)
     closed: bool = False
+    unread: bytearray = attrs.field(factory=bytearray)  # after the last whole ACK
 
     async def read_acks(self) -> None:
         """Collect ACKs until the worker closes the connection (or the suite does)."""
-        framed = FramedConnection(self.stream)
         try:
-            while True:
-                self.acks.append(await framed.read_ack())
-        except (WireProtocolError, *CONNECTION_ERRORS):
-            self.closed = True
+            while data := await self.stream.receive_some():
+                self.unread += data
+                self._take_acks()
+        except CONNECTION_ERRORS:
+            pass
         finally:  # closed by the worker, the suite, or the end of the target's run
+            self.closed = True
             self.stream.socket.close()
 
+    def _take_acks(self) -> None:
+        unread, prefix = self.unread, ACK_PREFIX.size
+        while len(unread) >= prefix:
+            (length,) = ACK_PREFIX.unpack_from(unread)
+            if length > MAX_ACK_BYTES or len(unread) < prefix + length:
+                return
+            self.acks.append(unread[prefix : prefix + length].decode(errors="replace"))
+            del unread[: prefix + length]
+
     def view(self) -> HeldConnection:
-        return HeldConnection(tuple(self.acks), self.closed)
+        trailing = bytes(self.unread) if self.closed else b""
+        return HeldConnection(tuple(self.acks), self.closed, trailing)
 
 
 AddressInfo = list[  # what getaddrinfo returns, as trio.abc.HostnameResolver declares it
@@ -168,8 +180,10 @@ class ScriptedNames(trio.abc.HostnameResolver):
 
 
 def worker_limits(bounds: WorkerBounds) -> WorkerLimits:
-    """The server's limits: those ``bounds`` sets, the server's own defaults for the rest."""
+    """The server's limits: those ``bounds`` sets, the server's own defaults for the rest
+    (read under the open-file limit in force when it is called)."""
     given = {name: value for name, value in attrs.asdict(bounds).items() if value is not None}
+    given.pop("open_file_limit", None)
     if (hosts := given.pop("dial_back_hosts", None)) is not None:
         given["dial_back"] = DialBackPolicy.parse(hosts)
     return WorkerLimits(**given)
@@ -188,6 +202,7 @@ class TcpCluster:
         self._reused: collections.Counter[int] = collections.Counter()  # streams per worker
         self._handles = itertools.count(1)
         self._names = ScriptedNames()
+        self._file_limit: int | None = None  # lowered for a bounded worker (WorkerBounds)
         portal.call_sync(lambda: trio.socket.set_custom_hostname_resolver(self._names))
         self.transport = portal.call(self._open_dispatch)
 
@@ -220,7 +235,17 @@ class TcpCluster:
     async def serve_bounded(
         self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
     ) -> str:
+        if bounds.open_file_limit is not None:
+            await self._lower_file_limit(bounds.open_file_limit)
         return await self.serve(worker_id, worker, worker_limits(bounds))
+
+    async def _lower_file_limit(self, soft: int) -> None:
+        """This process's workers run under ``soft`` open files until the target closes."""
+        if self._file_limit not in (None, soft):
+            raise NotImplementedError("the workers in this process share one open-file limit")
+        if self._file_limit is None:
+            self._file_limit = soft
+            await self._portal.nursery.start(_file_limit_held, soft)
 
     def open_file_limit(self, worker_id: int) -> int:
         if worker_id in self._processes:
@@ -376,6 +401,17 @@ class TcpCluster:
         if worker_id in self._processes:
             return self._processes[worker_id].port
         return self._servers[worker_id].port
+
+
+async def _file_limit_held(soft: int, *, task_status: trio.TaskStatus[None]) -> None:
+    """Lower this process's soft ``RLIMIT_NOFILE`` to ``soft``; restore it when cancelled."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        task_status.started()
+        await trio.sleep_forever()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
 
 
 def _count_reuse(pool: ResponsePool, counts: collections.Counter[int], worker_id: int) -> None:

@@ -12,7 +12,11 @@ with the implementation's own defaults.
 from __future__ import annotations
 
 import json
+import logging
 import struct
+from collections.abc import Callable, Sequence
+
+import pytest
 
 from routespec.conformance.checks import covers, require, require_equal, requires
 from routespec.conformance.scenario import finished
@@ -24,6 +28,7 @@ from routespec.conformance.test_transport import (
     serves_again,
     usable_control,
 )
+from routespec.conformance.test_worker_server import NOT_UTF8_PATH, WORKER_LOG, worker_lines
 from routespec.testing.target import (
     Capability,
     Direct,
@@ -134,16 +139,112 @@ def test_a_connection_past_the_cap_is_closed_unread(target: Target) -> None:
     )
     for connection in held:
         not_refused(target.write(connection, sized_request(512)), 1, "TRN-024", "held")
+    require_equal(
+        "TRN-024",
+        target.worker_bytes(worker) - read_before,
+        2 * 512,
+        f"worker {worker} should have read the two 512-byte requests written on the "
+        "connections it holds, every byte of them, and nothing of the one past its cap",
+    )
     serves_again(target, worker, "TRN-024")
     target.disconnect(held[0])
     again = target.connect(worker)
     not_refused(target.write(again, sized_request(512)), 1, "TRN-024", "after one ended")
 
 
+def ended_by_its_peer(target: Target, ending: int, others: Sequence[int]) -> None:
+    target.disconnect(ending)
+
+
+def ended_by_bad_bytes(target: Target, ending: int, others: Sequence[int]) -> None:
+    target.write(ending, NOT_UTF8_PATH)  # TRN-012: the worker closes that connection
+
+
+def ended_by_silence(target: Target, ending: int, others: Sequence[int]) -> None:
+    """The others answer a request just before ``ending`` reaches its idle timeout."""
+    target.advance_time(IDLE - 0.5)
+    for connection in others:
+        not_refused(target.write(connection, sized_request(512)), 1, "TRN-024", "kept busy")
+    target.advance_time(0.5)
+
+
+SLOT_ENDINGS: dict[str, Callable[[Target, int, Sequence[int]], None]] = {
+    "closed-by-its-peer": ended_by_its_peer,
+    "closed-for-bad-bytes": ended_by_bad_bytes,
+    "closed-when-idle": ended_by_silence,  # TRN-025: the worker's own timeout ends it
+}
+
+
+@covers("TRN-024")
+@requires(Capability.WORKER_LIMITS, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("ending", list(SLOT_ENDINGS))
+def test_a_connection_that_ends_frees_one_slot(target: Target, ending: str) -> None:
+    """Cap 3, three connections held, a fourth closed; one of the three ends (its peer
+    closes it, the worker closes it for bad bytes or for silence): exactly one slot is free,
+    so one new connection is held and the next is closed again."""
+    worker = target.add_bounded_worker(WorkerBounds(max_connections=3, idle_timeout=IDLE))
+    first, *others = (target.connect(worker) for _ in range(3))
+    require(
+        "TRN-024",
+        target.held(target.connect(worker)).closed,
+        f"worker {worker} holds 3 connections, its cap, and should close a 4th at once",
+    )
+    SLOT_ENDINGS[ending](target, first, others)
+    require("TRN-024", target.held(first).closed, f"{ending}: the connection is still open")
+    again, extra = target.connect(worker), target.connect(worker)
+    held_again, closed_again = not target.held(again).closed, target.held(extra).closed
+    require(
+        "TRN-024",
+        held_again and closed_again,
+        f"one of the 3 connections worker {worker} held ended ({ending}): it should hold "
+        "one new connection and close the next, its cap reached again",
+        expected="the new connection held, the one after it closed",
+        actual=f"new one {'held' if held_again else 'closed'}, "
+        f"the next {'closed' if closed_again else 'held'}",
+    )
+
+
+@covers("TRN-024")
+@requires(Capability.WORKER_LIMITS, Capability.OBSERVE_WORKER_LOG)
+def test_reaching_the_cap_is_logged_once_each_time(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cap 2: two connections past it are closed, and the worker logs one line naming its
+    cap; once one of the two it held has ended, the cap reached again is logged again."""
+    worker = target.add_bounded_worker(WorkerBounds(max_connections=2))
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    held = [target.connect(worker) for _ in range(2)]
+    refused = [target.connect(worker) for _ in range(2)]
+    first = worker_lines(caplog)
+    target.disconnect(held[0])
+    again = target.connect(worker)
+    refused.append(target.connect(worker))
+    lines = worker_lines(caplog)
+    require(
+        "TRN-024",
+        not target.held(again).closed and all(target.held(c).closed for c in refused),
+        f"worker {worker} (cap 2) should have closed each connection past its cap, and held "
+        "a new one once one of the two had ended",
+    )
+    require(
+        "TRN-024",
+        len(first) == 1 and len(lines) == 2 and all("2 connections" in line for line in lines),
+        f"worker {worker} reached its cap of 2 connections, closed two more, then reached it "
+        "again after one ended: it should log one line naming the cap each time",
+        expected="one line naming '2 connections', then a second one",
+        actual=f"after the first time {first}, after the second {lines[len(first) :]}",
+    )
+
+
 @covers("TRN-024")
 @requires(Capability.WORKER_LIMITS)
-def test_the_default_cap_is_1024_or_a_quarter_of_the_file_limit(target: Target) -> None:
-    worker = target.add_bounded_worker(WorkerBounds())
+@pytest.mark.parametrize("file_limit", [None, 1023], ids=["the-targets-own", "1023"])
+def test_the_default_cap_is_1024_or_a_quarter_of_the_file_limit(
+    target: Target, file_limit: int | None
+) -> None:
+    """Under the target's own open-file limit, and under 1023, whose quarter is not whole
+    (255)."""
+    worker = target.add_bounded_worker(WorkerBounds(open_file_limit=file_limit))
     limit = target.open_file_limit(worker)
     cap = min(DEFAULT_MAX_CONNECTIONS, max(1, limit // FD_SHARE))
     connections = [target.connect(worker) for _ in range(cap + 1)]

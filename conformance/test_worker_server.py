@@ -46,8 +46,10 @@ from routespec.conformance.test_transport import (
 from routespec.testing.target import (
     Bidirectional,
     Capability,
+    Crash,
     Direct,
     HeldConnection,
+    Reject,
     Serve,
     Stall,
     Target,
@@ -75,6 +77,7 @@ def input_frame(item: object) -> bytes:
 
 
 END_FRAME = frame(SENTINEL)  # a request stream's end (TRN-047)
+NOT_UTF8_PATH = b"\x00\x01\xff\x00\x02{}\x00\x00\x00\x00"  # a request whose path is 0xff
 
 
 def frames_of(data: bytes) -> list[tuple[bytes, object]]:
@@ -410,31 +413,41 @@ def test_a_request_with_a_usable_address_and_an_unusable_field_is_acked(target: 
 
 @covers("TRN-027")
 @requires(Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
-def test_a_response_address_named_by_a_host_name_is_resolved(target: Target) -> None:
+@pytest.mark.parametrize("many_in", [False, True], ids=["response-stream", "both-streams"])
+def test_a_stream_address_named_by_a_host_name_is_resolved(target: Target, many_in: bool) -> None:
     """``localhost`` names the request's peer (127.0.0.1): the worker resolves it, dials
-    back there and serves the request."""
+    back there — the response stream and, for a bidirectional request, its request stream
+    too — and serves the request."""
     worker = target.add_worker()
-    with listening() as listener:
+    kind = "bidirectional request" if many_in else "request"
+    with listening() as listener, contextlib.ExitStack() as streams:
         port = listener.getsockname()[1]
-        control = json.dumps(usable_control(f"localhost:{port}", "named")).encode()
-        target.send_raw(worker, request_message(target.worker_path(worker), control))
-        stream = accept(listener)
+        control = usable_control(f"localhost:{port}", "named", many_in=many_in)
+        body = b"" if many_in else b"{}"
+        message = request_message(target.worker_path(worker), json.dumps(control).encode(), body)
+        target.send_raw(worker, message)
+        dialled: dict[object, socket.socket] = {}
+        for _ in range(2 if many_in else 1):
+            stream = accept(listener)
+            require(
+                "TRN-027",
+                stream is not None,
+                f"worker {worker} dialled back {sorted(map(str, dialled))} only for a {kind} "
+                f"whose streams are at localhost:{port}, a name for its peer",
+            )
+            assert stream is not None
+            dialled[handshake(streams.enter_context(stream)).get("stream_type")] = stream
+        if "request" in dialled:
+            dialled["request"].sendall(END_FRAME)  # no inputs: the handler may answer
+        response = dialled.get("response")
+        prologue = json.loads(read_frame(response)[0]) if response is not None else None
         require(
             "TRN-027",
-            stream is not None,
-            f"worker {worker} never dialled back to localhost:{port}, a name for its peer",
-        )
-        assert stream is not None
-        with stream:
-            introduced = handshake(stream)
-            prologue = json.loads(read_frame(stream)[0])
-        require(
-            "TRN-027",
-            introduced == {"subject": "named", "stream_type": "response"}
+            set(dialled) == ({"request", "response"} if many_in else {"response"})
             and prologue == {"error": None},
-            f"worker {worker} should serve a request whose response address is localhost:{port}",
-            expected='handshake {"subject": "named", "stream_type": "response"}, prologue ok',
-            actual=f"handshake {introduced}, prologue {prologue}",
+            f"worker {worker} should serve a {kind} whose streams are at localhost:{port}",
+            expected="its streams dialled there, the response stream's prologue ok",
+            actual=f"streams {sorted(map(str, dialled))}, prologue {prologue}",
         )
 
 
@@ -916,6 +929,142 @@ def test_a_stream_that_ends_as_the_protocol_lets_it_logs_no_failure(
     )
 
 
+ADMISSION_FAULT = "the handler's admission check failed"
+
+
+@covers("TRN-023")
+@requires(
+    Capability.WORKER_LIMITS,
+    Capability.RESPONSE_REUSE,
+    Capability.SCRIPT_FAILURES,
+    Capability.OBSERVE_WORKER_LOG,
+)
+def test_a_handler_failing_to_admit_a_request_refuses_it_at_its_ack(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler's admission check raises for a request: the worker refuses it at its ACK
+    with ``Server unavailable:`` naming the failure, keeps the connection open, logs one
+    line naming the peer and the failure, and goes on serving."""
+    worker = target.add_worker()
+    target.script_worker(worker, Crash(0, (ADMISSION_FAULT,), at_admission=True))
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    connection = target.connect(worker)
+    seen = target.write(connection, raw_request(target.worker_path(worker), 9, "admitted"))
+    require(
+        "TRN-023",
+        not seen.closed
+        and len(seen.acks) == 1
+        and seen.acks[0].startswith(UNAVAILABLE_ACK)
+        and ADMISSION_FAULT in seen.acks[0],
+        f"worker {worker}'s handler raised RuntimeError({ADMISSION_FAULT!r}) admitting a "
+        "request: the worker should refuse it at its ACK naming the failure, the "
+        "connection kept open",
+        expected=f"one ACK {UNAVAILABLE_ACK}… {ADMISSION_FAULT} …, open",
+        actual=f"ACKs {list(seen.acks)}, {'closed' if seen.closed else 'open'}",
+    )
+    lines = worker_lines(caplog)
+    require(
+        "TRN-023",
+        len(lines) == 1 and PEER in lines[0] and f"RuntimeError: {ADMISSION_FAULT}" in lines[0],
+        f"worker {worker} should log the failed admission in one line naming the peer "
+        f"({PEER}) and the failure",
+        expected=f"one line naming {PEER} and RuntimeError: {ADMISSION_FAULT}",
+        actual=lines,
+    )
+    serves_again(target, worker, "TRN-023")
+
+
+UNWRITABLE_REASON = "refused \udcff"  # a lone surrogate: no UTF-8 as it is
+
+
+@covers("TRN-023")
+@requires(
+    Capability.WORKER_LIMITS,
+    Capability.RESPONSE_REUSE,
+    Capability.SCRIPT_REJECTION,
+    Capability.OBSERVE_WORKER_LOG,
+)
+def test_a_rejection_the_worker_cannot_write_ends_at_most_its_connection(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler refuses a request with a text holding a lone surrogate: the worker
+    writes the refusal at its ACK, or fails to and closes that connection, logging one line
+    naming the peer and the failure; another connection it holds is served meanwhile, and
+    so is the next request."""
+    worker = target.add_worker()
+    target.script_worker(worker, Reject(overloaded=False, message=UNWRITABLE_REASON))
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    other, connection = target.connect(worker), target.connect(worker)
+    seen = target.write(connection, raw_request(target.worker_path(worker), 9, "unwritable"))
+    lines = worker_lines(caplog)
+    if seen.closed:
+        require(
+            "TRN-023",
+            not seen.acks and len(lines) == 1 and PEER in lines[0] and "surrogate" in lines[0],
+            f"worker {worker} closed the connection of a request its handler refused with "
+            f"{UNWRITABLE_REASON!r}: it should log why in one line naming the peer ({PEER}) "
+            "and the failure",
+            expected=f"no ACK, one line naming {PEER} and the unencodable text",
+            actual=f"ACKs {list(seen.acks)}, lines {lines}",
+        )
+    else:
+        require(
+            "TRN-023",
+            len(seen.acks) == 1 and seen.acks[0].startswith(UNAVAILABLE_ACK) and not lines,
+            f"worker {worker} kept the connection of a request its handler refused with "
+            f"{UNWRITABLE_REASON!r}: it should have written the refusal, and logged nothing",
+            expected=f"one ACK {UNAVAILABLE_ACK}…, no line",
+            actual=f"ACKs {list(seen.acks)}, lines {lines}",
+        )
+    control = json.dumps(usable_control(f"{PEER}:9", "other")).encode()
+    answered = target.write(other, request_message(NO_ENDPOINT, control))
+    require(
+        "TRN-023",
+        not answered.closed and len(answered.acks) == 1,
+        f"worker {worker} should go on serving its other connection",
+        expected="one ACK there, open",
+        actual=f"ACKs {list(answered.acks)}, {'closed' if answered.closed else 'open'}",
+    )
+    serves_again(target, worker, "TRN-023")
+
+
+# --- TRN-003: a worker's ACKs, and nothing else, on the request plane ---
+
+
+@covers("TRN-003")
+@requires(Capability.WORKER_LIMITS, Capability.RESPONSE_REUSE, Capability.WIRE_TRANSPORT)
+def test_a_request_read_before_bad_bytes_gets_its_empty_ack(target: Target) -> None:
+    """A request for the worker's served path and, in the same write, a message whose path
+    is not UTF-8: the worker accepts the request with the empty ACK, writes nothing more on
+    the connection and closes it for the bad bytes, and serves the request it accepted."""
+    worker = target.add_worker()
+    with listening() as listener:
+        port = listener.getsockname()[1]
+        connection = target.connect(worker)
+        request = raw_request(target.worker_path(worker), port, "read-first")
+        seen = target.write(connection, request + NOT_UTF8_PATH)
+        stream = accept(listener)
+        introduced = handshake(stream) if stream is not None else None
+        if stream is not None:
+            stream.close()
+    require(
+        "TRN-003",
+        list(seen.acks) == [""] and seen.closed and not seen.trailing,
+        f"worker {worker} read a request whole, then bytes that end the connection: it "
+        "should accept the request with the empty ACK, write nothing else, and close",
+        expected="ACKs [''], nothing after them, closed",
+        actual=f"ACKs {list(seen.acks)}, then {seen.trailing!r}, "
+        f"{'closed' if seen.closed else 'open'}",
+    )
+    require(
+        "TRN-003",
+        introduced is not None and introduced.get("subject") == "read-first",
+        f"worker {worker} should serve the request it accepted: its response stream "
+        f"handshake, got {introduced}",
+    )
+    serves_again(target, worker, "TRN-003")
+
+
 # --- TRN-029: a stream the caller watched over is as reusable as any ---
 
 
@@ -976,13 +1125,14 @@ def test_a_stream_that_waited_on_its_handler_leaves_a_reusable_connection(
 # --- TRN-001, DSP-010: a bidirectional request's metadata reaches its worker ---
 
 
-@covers("TRN-001", "DSP-010")
+@covers("TRN-001", "DSP-010", "TRN-020")
 @requires(Capability.BIDIRECTIONAL, Capability.OBSERVE_PREPARED_TARGET)
 @pytest.mark.parametrize("mode", ["round-robin", "random"])
 def test_a_bidirectional_request_carries_its_metadata(target: Target, mode: str) -> None:
     """The worker a bidirectional request reaches reads the metadata its caller gave it:
     here the mark of the worker the request was prepared for (DSP-010), which the request's
-    control message carries as for any request (TRN-001)."""
+    control message carries as for any request (TRN-001); its inputs come on its request
+    stream only, so the request itself carries no payload (TRN-020)."""
     workers = [target.add_worker() for _ in range(2)]
     for _ in range(2):
         finished(target, target.submit(Bidirectional(mode, 2)), "TRN-001")
@@ -1002,6 +1152,13 @@ def test_a_bidirectional_request_carries_its_metadata(target: Target, mode: str)
             f"bidirectional {mode} request {delivery.request_id} reached worker "
             f"{delivery.worker_id} but was prepared for {delivery.prepared_for}",
         )
+    payloads = [delivery.payload for delivery in deliveries]
+    require(
+        "TRN-020",
+        payloads == [None, None],
+        f"two bidirectional {mode} requests reached their workers with payloads {payloads}: "
+        "a bidirectional request's inputs come on its request stream, not with the request",
+    )
 
 
 # --- TRN-037: a graceful shutdown ---

@@ -81,10 +81,8 @@ def silent_at(handler: WorkerHandler | None, stage: SilentStage) -> ScriptedWork
 
 
 class DrillWorkerServer(WorkerServer):
-    def __init__(
-        self, host: str = LOOPBACK, port: int = 0, limits: WorkerLimits | None = None
-    ) -> None:
-        super().__init__(host, port, limits)
+    def __init__(self, host: str = LOOPBACK, *, limits: WorkerLimits | None = None) -> None:
+        super().__init__(host, limits=limits)  # the server's own default port: any free one
         self.control_messages: dict[str, dict[str, object]] = {}  # by request id, as read
         self.control_words: dict[str, list[object]] = {}  # by request id (WireFault.LISTEN)
         self._held_acks: dict[FramedConnection, list[bytes]] = {}  # WriteAcks, not yet sent

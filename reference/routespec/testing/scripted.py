@@ -107,6 +107,8 @@ class ScriptedWorker:
             self._logged_on_arrival.discard(request.request_id)
         else:
             self._log(request)
+        if isinstance(self.script, Crash) and self.script.at_admission:
+            raise _crash(self.script)
         if isinstance(self.script, Reject):
             kind = RejectionKind.OVERLOADED if self.script.overloaded else RejectionKind.UNAVAILABLE
             return Rejection(kind, self.script.message)

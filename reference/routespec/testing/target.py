@@ -153,11 +153,14 @@ class FailMidStream:
 class Crash:
     """Yield ``items`` data items, then raise plain ``RuntimeError(message)``s, not typed
     errors: one, or for two or more messages an ``ExceptionGroup`` of them (a handler's own
-    fault). With ``at_start`` the handler's ``start`` raises them, before any stream."""
+    fault). With ``at_start`` the handler's ``start`` raises them, before any stream; with
+    ``at_admission`` its admission check does, before the worker's ACK (a reference worker's
+    ``WorkerHandler.admit``; spec: TRN-023)."""
 
     items: int
     messages: tuple[str, ...] = ("boom",)
     at_start: bool = False
+    at_admission: bool = False
 
 
 @attrs.frozen
@@ -559,15 +562,20 @@ class WorkerBounds:
     idle_timeout: float | None = None
     max_buffered_bytes: int | None = None
     dial_back_hosts: str | None = None
+    open_file_limit: int | None = None
+    """The soft open-file limit (``RLIMIT_NOFILE``) the worker's process runs under when its
+    server starts (None: the target's own), which its default cap derives from (TRN-024)."""
 
 
 @attrs.frozen
 class HeldConnection:
     """What a worker did on a held request-plane connection so far: the ACK texts it sent
-    (``""`` accepts a request), and whether it closed the connection."""
+    (``""`` accepts a request), whether it closed the connection, and the bytes it wrote
+    after its last whole ACK (none when it wrote only ACKs)."""
 
     acks: tuple[str, ...]
     closed: bool
+    trailing: bytes = b""
 
 
 @attrs.frozen

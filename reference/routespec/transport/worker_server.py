@@ -152,7 +152,6 @@ class WorkerServer:
         self.limits = WorkerLimits() if limits is None else limits
         self.bytes_received: collections.Counter[str] = collections.Counter()
         self.connections = 0  # request-plane connections open now (TRN-024)
-        self.refused_connections = 0  # connections closed at once for the cap
         self.budget = ByteBudget(self.limits.max_buffered_bytes)  # TRN-026
         self._handlers: dict[str, WorkerHandler] = {}
         self._scope = trio.CancelScope()
@@ -209,8 +208,7 @@ class WorkerServer:
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         if self.connections >= self.limits.max_connections:  # TRN-024: closed at once
-            self.refused_connections += 1
-            if not self._cap_reported:
+            if not self._cap_reported:  # one line for each time the cap is reached
                 self._cap_reported = True
                 LOG.warning(
                     "worker: %d connections open, the limit; closing new ones until one ends",
@@ -224,7 +222,7 @@ class WorkerServer:
         )
         peer = connection.peer
         try:
-            await self._serve_requests(connection, peer)
+            await self._serve_requests(connection)
         except* Exception as group:  # TRN-023: whatever went wrong ends this connection only
             LOG.warning("worker: connection from %s closed: %s", peer, one_line(group))
         finally:
@@ -235,7 +233,7 @@ class WorkerServer:
             with trio.CancelScope(shield=True):  # a Cancelled must not replace what is in flight
                 await trio.aclose_forcefully(stream)
 
-    async def _serve_requests(self, connection: FramedConnection, peer: IPAddress | None) -> None:
+    async def _serve_requests(self, connection: FramedConnection) -> None:
         try:
             with connection.ending_when_idle():
                 await self._read_requests(connection)
