@@ -326,9 +326,9 @@ class ReferenceTarget:
                 ENDPOINT,
                 self._discovery,
                 FirstResponseGuardedDispatch(transport, portal.nursery),
-                rng=random.Random(config.seed),
                 load_thresholds=thresholds_of(config.load_thresholds),
                 **set_only(
+                    rng=None if config.seed is None else random.Random(config.seed),
                     fault_detection=config.fault_detection,
                     inhibited_duration=config.inhibited_duration,
                     device_ratio=config.device_ratio,
@@ -605,7 +605,8 @@ class ReferenceTarget:
     # discovery stores
 
     def open_discovery(self) -> DiscoveryTarget:
-        return ReferenceDiscovery(self._portal, self._config.seed)
+        seed = self._config.seed  # its instance ids are the adapter's draws, not the router's
+        return ReferenceDiscovery(self._portal, 0 if seed is None else seed)
 
     # the routing host
 

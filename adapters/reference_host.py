@@ -71,7 +71,7 @@ def build_host(
     host_class: type[RoutingHost],
     router: PushRouter,
     config: HostConfig,
-    seed: int,
+    seed: int | None,
     prepare: Prepare,
     workers: tuple[int, ...],
 ) -> RoutingHost:

@@ -73,20 +73,27 @@ def release_all(target: Target, workers: Sequence[int]) -> None:
 
 @covers("SEL-001")
 @pytest.mark.parametrize("mode", BUILTIN_MODES)
-def test_builtin_modes_dispatch(target: Target, mode: str) -> None:
-    workers = [target.add_worker() for _ in range(3)]
-    for _ in range(4):
-        request = target.submit(Generate(mode))
-        outcome = finished(target, request, "SEL-001")
-        require(
-            "SEL-001",
-            outcome.error is None and len(outcome.items) == 1,
-            f"generate({mode}) with free workers {workers} ended {outcome}, expected one item",
-        )
-        worker = only_worker(target, request, "SEL-001")
-        require_compare(
-            "SEL-001", worker, "in", workers, f"generate({mode}) reached {worker}, not in {workers}"
-        )
+def test_builtin_modes_dispatch(open_target: OpenTarget, mode: str) -> None:
+    """On a router left its own randomness (seed None), as a deployment's is: whatever it
+    draws, every request reaches one of the free workers."""
+    with open_target(TargetConfig(seed=None)) as target:
+        workers = [target.add_worker() for _ in range(3)]
+        for _ in range(4):
+            request = target.submit(Generate(mode))
+            outcome = finished(target, request, "SEL-001")
+            require(
+                "SEL-001",
+                outcome.error is None and len(outcome.items) == 1,
+                f"generate({mode}) with free workers {workers} ended {outcome}, expected one item",
+            )
+            worker = only_worker(target, request, "SEL-001")
+            require_compare(
+                "SEL-001",
+                worker,
+                "in",
+                workers,
+                f"generate({mode}) reached {worker}, not in {workers}",
+            )
 
 
 @covers("SEL-002")

@@ -601,12 +601,12 @@ class LoadReport:
 
 @attrs.frozen
 class TargetConfig:
-    """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C). A setting
-    left ``None`` keeps the implementation's own default, so the checks that leave it so
-    judge the default the spec states (FLT-001's 5 s, SEL-010's ratio 8, FLT-009's fault
-    detection on)."""
+    """Per-test settings. ``seed`` fixes the target's randomness (Random, P2C); ``None``
+    leaves the router its own, as a deployment's is. Any other setting left ``None`` keeps
+    the implementation's own default too, so the checks that leave it so judge the default
+    the spec states (FLT-001's 5 s, SEL-010's ratio 8, FLT-009's fault detection on)."""
 
-    seed: int = 0
+    seed: int | None = 0
     inhibited_duration: float | None = None
     fault_detection: bool | None = None
     device_ratio: int | None = None
