@@ -28,6 +28,7 @@ from routespec.conformance.test_transport import (
 from routespec.conformance.test_wire import gives_numbers
 from routespec.conformance.test_worker_limits import (
     BUDGET,
+    IDLE,
     MAX_MESSAGE_BYTES,
     OVERLOADED_ACK,
     declared_prefix,
@@ -35,7 +36,7 @@ from routespec.conformance.test_worker_limits import (
     refused_overloaded,
     sized_request,
 )
-from routespec.conformance.test_worker_server import UNAVAILABLE_ACK, raw_message
+from routespec.conformance.test_worker_server import SILENT_NAME, UNAVAILABLE_ACK
 from routespec.testing.target import (
     Capability,
     HeldConnection,
@@ -93,6 +94,13 @@ def waiting(seen: HeldConnection, count: int, what: str) -> None:
 def numbered(count: int) -> str:
     """A path of the same length for every request, naming its turn."""
     return f"{NO_ENDPOINT}/{count:04d}"
+
+
+def framed(path: str, headers: bytes, payload: bytes) -> bytes:
+    """A request-plane message of these parts, as they are."""
+    encoded = path.encode()
+    lengths = struct.pack(">H", len(encoded)), struct.pack(">H", len(headers))
+    return lengths[0] + encoded + lengths[1] + headers + struct.pack(">I", len(payload)) + payload
 
 
 ENVELOPE = len(request_message(numbered(0), CONTROL, BODY)) - (24 + len(CONTROL) + len(BODY))
@@ -237,7 +245,7 @@ def test_a_payload_that_is_no_two_part_message_is_refused_with_its_numbers(
     worker = target.add_worker()
     connection = target.connect(worker)
     for count, (name, (payload, field, numbers)) in enumerate(NOT_TWO_PART.items(), 1):
-        seen = target.write(connection, raw_message(NO_ENDPOINT, payload))
+        seen = target.write(connection, framed(NO_ENDPOINT, b"{}", payload))
         ack = seen.acks[-1] if len(seen.acks) == count else ""
         refusal = f"{UNAVAILABLE_ACK}{UNUSABLE}{field}: "
         require(
@@ -279,22 +287,33 @@ def test_a_refusal_for_load_names_the_requests_size_and_the_budget(target: Targe
         )
 
 
+# what another connection leaves of the budget, and a request that does not fit in it: one
+# of 512 bytes, or one whose path or headers alone do not, its other parts fitting once the
+# part refused is dropped
+PAST_THE_BUDGET = {
+    **{f"512-bytes-{spare}-left": (spare, sized_request(512)) for spare in range(1, 9)},
+    "only-its-path": (16, framed("p" * 24, b"{}", b"x")),
+    "only-its-headers": (16, framed("p", b'{"k":"' + b"v" * 16 + b'"}', b"x")),
+}
+
+
 @covers("TRN-026")
 @requires(Capability.WORKER_LIMITS)
 def test_a_request_refused_for_load_leaves_its_connection_in_step(target: Target) -> None:
-    """Another connection holds all but a few bytes of the budget (a request cut short):
-    a request refused for load is dropped whole, its length prefixes with it, so that once
-    the held bytes are gone, its connection's next request is read and answered."""
+    """Another connection holds all but a few bytes of the budget (a request cut short): a
+    request that does not fit is refused for load and dropped whole, its length prefixes
+    with it, even where only one part did not fit, so that once the held bytes are gone its
+    connection's next request is read and answered."""
     worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
     held = sized_request(BUDGET)
-    for spare in range(1, 9):
+    for name, (spare, request) in PAST_THE_BUDGET.items():
         holder, other = target.connect(worker), target.connect(worker)
         target.write(holder, held[: BUDGET - spare])
-        what = f"{BUDGET - spare} bytes held on another connection"
-        refused_overloaded(target.write(other, sized_request(512)), 1, "TRN-026", what)
+        what = f"a request ({name}) with {BUDGET - spare} bytes held on another connection"
+        refused_overloaded(target.write(other, request), 1, "TRN-026", what)
         not_refused(target.write(holder, held[BUDGET - spare :]), 1, "TRN-026", "the held one")
         seen = target.write(other, sized_request(512))
-        not_refused(seen, 2, "TRN-026", f"the next request after a refusal ({what})")
+        not_refused(seen, 2, "TRN-026", f"the next request after {what}")
         target.disconnect(holder)
         target.disconnect(other)
 
@@ -353,4 +372,33 @@ def test_a_response_address_in_ipv6_form_is_dialled(target: Target) -> None:
         f"worker {worker} should serve a request whose response address is {address}",
         expected='handshake {"subject": "mapped", "stream_type": "response"}, prologue ok',
         actual=f"handshake {introduced}, prologue {prologue}",
+    )
+
+
+# --- the idle timeout, while the worker is on a request ---
+
+
+@covers("TRN-025")
+@requires(Capability.WORKER_LIMITS, Capability.SCRIPT_NAMES, Capability.MOCK_CLOCK)
+def test_the_idle_timeout_runs_while_the_worker_is_on_a_request(target: Target) -> None:
+    """The idle timeout counts from the last byte that came, not from the worker's last
+    read: a request whose response host the worker is still resolving when no byte has come
+    for the timeout (4 s) has its connection closed then, unanswered."""
+    worker = target.add_bounded_worker(WorkerBounds(idle_timeout=IDLE))
+    target.resolve_name(SILENT_NAME, None)
+    connection = target.connect(worker)
+    control = json.dumps(usable_control(f"{SILENT_NAME}:9", "silent")).encode()
+    target.write(connection, request_message(NO_ENDPOINT, control))
+    target.advance_time(IDLE - 0.5)
+    before = target.held(connection)
+    target.advance_time(0.5)
+    seen = target.held(connection)
+    require(
+        "TRN-025",
+        not before.closed and seen.closed and not seen.acks,
+        f"no byte came for {IDLE:g} s after a request whose host the worker was still "
+        "resolving: it should close the connection then, not before",
+        expected=f"open at {IDLE - 0.5:g} s; closed at {IDLE:g} s, no ACK",
+        actual=f"{'closed' if before.closed else 'open'} at {IDLE - 0.5:g} s; "
+        f"{'closed' if seen.closed else 'open'} at {IDLE:g} s, ACKs {list(seen.acks)}",
     )
