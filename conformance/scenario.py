@@ -89,6 +89,20 @@ def refused_before_stream(outcome: Outcome, label: str, text: str | None = None)
     )
 
 
+NO_WORKERS_AVAILABLE = re.compile(r"No workers available for endpoint [^/\s]+/[^/\s]+/[^/\s]+")
+"""SEL-005's message (HST-021's too): the endpoint named by its path
+``namespace/component/name``."""
+
+
+def no_workers_available(error: ObservedError | None) -> bool:
+    """``error`` is SEL-005's: ``Unavailable`` (see ``shows_outer``) with its message."""
+    return (
+        error is not None
+        and shows_outer(error, "Unavailable")
+        and NO_WORKERS_AVAILABLE.fullmatch(error.links[0][1]) is not None
+    )
+
+
 def names_field(text: str, field: str) -> bool:
     """``text`` names ``field`` (a dotted path such as ``ack.len``) as a whole word, not as
     part of a longer name."""

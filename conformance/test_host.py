@@ -20,7 +20,7 @@ from routespec.conformance.checks import (
 )
 from routespec.conformance.host import ended, host_of, planned, refused_at_construction, workers
 from routespec.conformance.plugin import OpenTarget
-from routespec.conformance.scenario import reached, shows_outer, tokens
+from routespec.conformance.scenario import no_workers_available, reached, shows_outer, tokens
 from routespec.testing.target import (
     Adapter,
     CancelThenFail,
@@ -383,12 +383,10 @@ def test_no_routable_eligible_worker_fails_unavailable(
     gone, attempts = ended(target, host.route(HostRoute()), "HST-021")
     require(
         "HST-021",
-        failed_with(gone, "Unavailable")
-        and gone.error is not None
-        and gone.error.links[0][1].startswith("No workers available for endpoint")
-        and not attempts,
-        f"no worker routable: expected Unavailable 'No workers available for endpoint …' "
-        f"before any worker is reached, got {gone}, reached {attempts}",
+        no_workers_available(gone.error) and not attempts,
+        "no worker routable: expected Unavailable 'No workers available for endpoint "
+        f"namespace/component/name' before any worker is reached, got {gone}, "
+        f"reached {attempts}",
     )
 
 

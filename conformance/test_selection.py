@@ -27,6 +27,7 @@ from routespec.conformance.scenario import (
     built,
     finished,
     loads,
+    no_workers_available,
     reached,
     refusal,
     shows_outer,
@@ -178,8 +179,9 @@ def test_no_worker_is_unavailable(target: Target, mode: str) -> None:
     outcome = finished(target, target.submit(Generate(mode)), "SEL-005")
     require(
         "SEL-005",
-        shows_outer(outcome.error, "Unavailable"),
-        f"generate({mode}) with no worker ended {outcome}, expected Unavailable",
+        no_workers_available(outcome.error),
+        f"generate({mode}) with no worker ended {outcome}, expected Unavailable "
+        "'No workers available for endpoint namespace/component/name'",
     )
 
 
@@ -195,9 +197,9 @@ def test_all_inhibited_is_unavailable(target: Target, mode: str) -> None:
     outcome = finished(target, target.submit(Generate(mode)), "SEL-005")
     require(
         "SEL-005",
-        shows_outer(outcome.error, "Unavailable"),
+        no_workers_available(outcome.error),
         f"generate({mode}) with every worker locally inhibited ended {outcome}, "
-        "expected Unavailable",
+        "expected Unavailable 'No workers available for endpoint namespace/component/name'",
     )
     require_false(
         "SEL-005",
