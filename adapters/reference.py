@@ -175,6 +175,7 @@ class Cluster(Protocol):
         ...
 
     def open_file_limit(self, worker_id: int) -> int: ...
+    def worker_address(self, worker_id: int) -> str: ...
     async def connect(self, worker_id: int) -> int: ...
     async def write(self, connection: int, data: bytes) -> None: ...
     def held(self, connection: int) -> HeldConnection: ...
@@ -244,6 +245,9 @@ class InProcessCluster:
 
     def open_file_limit(self, worker_id: int) -> int:
         raise NotImplementedError("in-process workers hold no connections")
+
+    def worker_address(self, worker_id: int) -> str:
+        raise NotImplementedError("in-process workers have no ports")
 
     async def connect(self, worker_id: int) -> int:
         raise NotImplementedError("in-process workers have no ports")
@@ -700,6 +704,9 @@ class ReferenceTarget:
 
     def open_file_limit(self, worker_id: int) -> int:
         return self._cluster.open_file_limit(worker_id)
+
+    def worker_address(self, worker_id: int) -> str:
+        return self._cluster.worker_address(worker_id)
 
     def connect(self, worker_id: int) -> int:
         return self._portal.call(lambda: self._cluster.connect(worker_id))

@@ -384,6 +384,12 @@ class TcpCluster:
     def worker_path(self, worker_id: int) -> str:
         return f"{ENDPOINT}/{worker_id:x}"
 
+    def worker_address(self, worker_id: int) -> str:
+        port = self._port(worker_id)
+        if port is None:
+            raise RuntimeError(f"worker {worker_id} is not listening")
+        return f"{LOOPBACK}:{port}"
+
     def reused_streams(self, worker_id: int) -> int:
         if worker_id in self._processes:
             raise NotImplementedError("a worker process keeps its response pool to itself")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import struct
 from collections.abc import Callable, Sequence
 
@@ -21,6 +22,7 @@ import pytest
 from routespec.conformance.checks import covers, require, require_equal, requires
 from routespec.conformance.scenario import finished
 from routespec.conformance.test_transport import (
+    DIAL_WAIT,
     NO_ENDPOINT,
     PEER,
     indices,
@@ -429,3 +431,28 @@ def test_a_refused_request_many_chunks_long_is_dropped_exactly(target: Target) -
     refused_overloaded(
         target.write(other, sized_request(BUDGET + 1)), 2, "TRN-026", "another, past it"
     )
+
+
+# --- TRN-055: where a worker listens ---
+
+
+@covers("TRN-055")
+@requires(Capability.WORKER_LIMITS)
+def test_a_worker_listens_only_at_the_address_it_registers(target: Target) -> None:
+    """The request-plane address a worker's discovery record gives callers is the one address
+    it accepts at: the same port on another loopback address refuses."""
+    worker = target.add_worker()
+    host, _, port = target.worker_address(worker).rpartition(":")
+    elsewhere = "127.0.0.2" if host.strip("[]") == PEER else PEER  # loopback, not the host
+    try:
+        with socket.create_connection((elsewhere, int(port)), timeout=DIAL_WAIT):
+            accepted = True
+    except OSError:
+        accepted = False
+    require(
+        "TRN-055",
+        not accepted,
+        f"worker {worker} listens at {host}:{port}; the same port at {elsewhere} should "
+        "refuse a connection, and accepted it",
+    )
+    serves_again(target, worker, "TRN-055")

@@ -991,6 +991,11 @@ class Target(Protocol):
         """The soft open-file limit (``RLIMIT_NOFILE``) of the worker's process."""
         ...
 
+    def worker_address(self, worker_id: int) -> str:
+        """The ``host:port`` of the worker's request plane, as its discovery record gives it
+        to callers."""
+        ...
+
     def connect(self, worker_id: int) -> int:
         """Open a request-plane connection to the worker and hold it; returns its handle
         once the worker has accepted it (or closed it)."""

@@ -105,6 +105,9 @@ class Unsupported:
     def worker_path(self, worker_id: int) -> str:
         _lacks(Capability.RESPONSE_REUSE)
 
+    def worker_address(self, worker_id: int) -> str:
+        _lacks(Capability.WORKER_LIMITS)
+
     def reused_streams(self, worker_id: int) -> int:
         _lacks(Capability.RESPONSE_REUSE)
 

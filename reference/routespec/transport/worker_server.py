@@ -193,6 +193,7 @@ class WorkerServer:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         with self._scope:
+            # at its host only, the address its record gives callers (TRN-055)
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             self.port = listeners[0].socket.getsockname()[1]
             try:
