@@ -46,7 +46,7 @@ from routespec.testing.target import (
 )
 
 CONTROL = json.dumps(usable_control(f"{PEER}:9", "plane")).encode()  # never dialled
-BODY = json.dumps({"pad": "x" * 1000}).encode()  # a payload of some length (1,300 bytes)
+BODY = json.dumps({"pad": "x" * 1000}).encode()  # a request of some length: a 1 KiB body
 UNUSABLE = "unusable request: "  # a refusal of the request's bytes (TRN-022), not its path
 SHOWN_PATH = 1024  # a longer path is checked by its start: the ACK is bounded (TRN-038)
 
@@ -103,7 +103,8 @@ def framed(path: str, headers: bytes, payload: bytes) -> bytes:
     return lengths[0] + encoded + lengths[1] + headers + struct.pack(">I", len(payload)) + payload
 
 
-ENVELOPE = len(request_message(numbered(0), CONTROL, BODY)) - (24 + len(CONTROL) + len(BODY))
+# the bytes before a payload: its lengths, path and headers
+ENVELOPE = len(framed(numbered(0), b"{}", b""))
 
 
 @covers("TRN-049")
