@@ -167,6 +167,10 @@ class Cluster(Protocol):
         """The workers' resolver's answer for ``name`` (Capability.SCRIPT_NAMES)."""
         ...
 
+    async def starve_caller(self, spare: int | None) -> None:
+        """This process keeps only ``spare`` free descriptors (Capability.STARVE_CALLER)."""
+        ...
+
     # Capability.WORKER_LIMITS
     async def serve_bounded(
         self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
@@ -237,6 +241,9 @@ class InProcessCluster:
 
     def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
         raise NotImplementedError("in-process workers dial nothing")
+
+    async def starve_caller(self, spare: int | None) -> None:
+        raise NotImplementedError("an in-process caller takes no descriptor for a stream")
 
     async def serve_bounded(
         self, worker_id: int, worker: ScriptedWorker, bounds: WorkerBounds
@@ -700,6 +707,9 @@ class ReferenceTarget:
     def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
         self._portal.call_sync(lambda: self._cluster.resolve_name(name, addresses))
 
+    def starve_caller(self, spare: int | None) -> None:
+        self._portal.call(lambda: self._cluster.starve_caller(spare))
+
     # raw connections held open to a worker
 
     def open_file_limit(self, worker_id: int) -> int:
@@ -755,6 +765,7 @@ WIRE_ONLY = frozenset(
         Capability.DRAIN_WORKER,
         Capability.OBSERVE_WORKER_LOG,
         Capability.SCRIPT_NAMES,
+        Capability.STARVE_CALLER,
     }
 )
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import itertools
+import os
 import resource
 import socket
 import subprocess
@@ -203,6 +205,7 @@ class TcpCluster:
         self._handles = itertools.count(1)
         self._names = ScriptedNames()
         self._file_limit: int | None = None  # lowered for a bounded worker (WorkerBounds)
+        self._starvation: trio.CancelScope | None = None  # Capability.STARVE_CALLER
         portal.call_sync(lambda: trio.socket.set_custom_hostname_resolver(self._names))
         self.transport = portal.call(self._open_dispatch)
 
@@ -398,6 +401,15 @@ class TcpCluster:
     def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
         self._names.set(name, addresses)
 
+    async def starve_caller(self, spare: int | None) -> None:
+        """The caller (and every worker served in this process) keeps ``spare`` free
+        descriptors; a worker process keeps its own."""
+        if self._starvation is not None:
+            self._starvation.cancel()
+            self._starvation = None
+        if spare is not None:
+            self._starvation = await self._portal.nursery.start(_descriptors_starved, spare)
+
     async def black_hole(self) -> str:
         if self._black_hole is None:
             self._black_hole = await self._portal.nursery.start(serve_black_hole)
@@ -407,6 +419,34 @@ class TcpCluster:
         if worker_id in self._processes:
             return self._processes[worker_id].port
         return self._servers[worker_id].port
+
+
+async def _descriptors_starved(
+    spare: int, *, task_status: trio.TaskStatus[trio.CancelScope]
+) -> None:
+    """Leave this process ``spare`` free descriptors: its soft ``RLIMIT_NOFILE`` just above
+    the highest it has open, every free one under it held by a copy of /dev/null; both given
+    back when cancelled."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(name) for name in os.listdir("/dev/fd"))
+    held: list[int] = []
+    with trio.CancelScope() as scope:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1 + spare, before[1]))
+            try:
+                while True:
+                    held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as error:
+                if error.errno != errno.EMFILE:
+                    raise
+            for _ in range(spare):
+                os.close(held.pop())
+            task_status.started(scope)
+            await trio.sleep_forever()
+        finally:
+            for descriptor in held:
+                os.close(descriptor)
+            resource.setrlimit(resource.RLIMIT_NOFILE, before)
 
 
 async def _file_limit_held(soft: int, *, task_status: trio.TaskStatus[None]) -> None:

@@ -2289,6 +2289,37 @@ def test_a_connection_without_a_handshake_is_closed_at_10_s(target: Target) -> N
     )
 
 
+@covers("TRN-056")
+@requires(
+    Capability.DIRECT,
+    Capability.KILL_WORKER_PROCESS,
+    Capability.STARVE_CALLER,
+    Capability.MOCK_CLOCK,
+)
+def test_a_caller_out_of_descriptors_accepts_its_stream_once_it_has_one(target: Target) -> None:
+    """The worker is a separate process; the caller's has one free descriptor, which dialling
+    the worker's request plane takes, so the worker's dial-back finds the caller unable to
+    accept it. The request waits (the caller's clock stands still), and once the caller has
+    its descriptors back and 1 s has passed, the stream is taken and the request served."""
+    worker = target.add_worker_process(Serve(1))
+    target.starve_caller(1)
+    try:
+        request = target.submit(Direct(worker))  # returns once the worker has written it all
+        starved = target.outcome(request)
+    finally:
+        target.starve_caller(None)
+    target.advance_time(1.0)
+    outcome = finished(target, request, "TRN-056")
+    require(
+        "TRN-056",
+        starved is None and outcome.error is None and indices(outcome) == [0],
+        "a caller out of descriptors should keep the request waiting, then serve it within "
+        "1 s of having descriptors again",
+        expected="no outcome while starved, then one item",
+        actual=f"{starved} while starved, then {outcome}",
+    )
+
+
 @covers("TRN-054")
 @requires(Capability.DIRECT, Capability.WIRE_TRANSPORT)
 def test_a_payload_with_integer_map_keys_is_served(target: Target) -> None:

@@ -91,6 +91,10 @@ class Capability(enum.Enum):
     """The caller of a request reads its items only when the check says so
     (``Target.pace_reads``, ``Target.read``): a rule about what the caller sees when it takes
     an item, or what a stop between two reads does, is observed at that moment."""
+    STARVE_CALLER = "caller:starve-descriptors"
+    """The caller's process can be left without free file descriptors while its workers,
+    separate processes (``Target.add_worker_process``), keep theirs (``Target.starve_caller``,
+    spec: TRN-056)."""
     CHECK_LOAD_THRESHOLDS = "config:check-load-thresholds"
     """Construction-time validation of busy thresholds (``Target.check_load_thresholds``,
     spec: SET-006)."""
@@ -980,6 +984,12 @@ class Target(Protocol):
         """From now on the target's workers resolve ``name`` (one under ``.invalid``) to
         ``addresses`` (IP literals) at once, or with None never answer for it
         (Capability.SCRIPT_NAMES)."""
+        ...
+
+    def starve_caller(self, spare: int | None) -> None:
+        """Leave the caller's process only ``spare`` free file descriptors (its soft
+        open-file limit lowered, every other descriptor under it held open), or with None
+        give it back what it had (Capability.STARVE_CALLER)."""
         ...
 
     # raw connections held open to a worker (Capability.WORKER_LIMITS)

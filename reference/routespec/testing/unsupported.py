@@ -114,6 +114,9 @@ class Unsupported:
     def resolve_name(self, name: str, addresses: Sequence[str] | None) -> None:
         _lacks(Capability.SCRIPT_NAMES)
 
+    def starve_caller(self, spare: int | None) -> None:
+        _lacks(Capability.STARVE_CALLER)
+
     def add_bounded_worker(self, bounds: WorkerBounds) -> int:
         _lacks(Capability.WORKER_LIMITS)
 

@@ -20,7 +20,7 @@ from routespec.transport.frames import MAX_CONTROL_BYTES, TwoPart, WireProtocolE
 from routespec.transport.response_pool import REUSE
 
 HANDSHAKE_TIMEOUT = 10.0  # TRN-053: a fresh connection's, from its accept
-ACCEPT_RETRY = 0.1
+ACCEPT_RETRY = 0.1  # TRN-056: out of descriptors, the server tries again so often
 # accept() errors that mean "out of resources", on which trio.serve_listeners waits too
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 NOT_ESTABLISHED = "Worker disconnected before response stream was established"
