@@ -17,10 +17,11 @@ import socket
 import struct
 
 from routespec.conformance.checks import covers, require, requires
-from routespec.conformance.test_response_reuse import accept, handshake, listening, read_frame
+from routespec.conformance.test_response_reuse import listening
 from routespec.conformance.test_transport import (
     NO_ENDPOINT,
     PEER,
+    dialled_back,
     request_message,
     serves_again,
     usable_control,
@@ -360,19 +361,13 @@ def test_a_response_address_in_ipv6_form_is_dialled(target: Target) -> None:
         address = f"{MAPPED_PEER}:{listener.getsockname()[1]}"
         control = json.dumps(usable_control(address, "mapped")).encode()
         target.send_raw(worker, request_message(target.worker_path(worker), control))
-        stream = accept(listener)
-        require("TRN-027", stream is not None, f"worker {worker} never dialled {address}")
-        assert stream is not None
-        with stream:
-            introduced = handshake(stream)
-            prologue = json.loads(read_frame(stream)[0])
+        earlier, prologue = dialled_back(listener, "mapped")
     require(
         "TRN-027",
-        introduced == {"subject": "mapped", "stream_type": "response"}
-        and prologue == {"error": None},
-        f"worker {worker} should serve a request whose response address is {address}",
-        expected='handshake {"subject": "mapped", "stream_type": "response"}, prologue ok',
-        actual=f"handshake {introduced}, prologue {prologue}",
+        prologue == {"error": None} and not earlier,
+        f"worker {worker} should dial {address} back and serve the request there",
+        expected='the stream "mapped", its prologue {"error": null}',
+        actual=f"prologue {prologue!r}, other streams' handshakes {earlier!r}",
     )
 
 
