@@ -13,10 +13,14 @@ connection out of step, so that the next one is.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import struct
 
+import pytest
+
 from routespec.conformance.checks import covers, require, requires
+from routespec.conformance.scenario import names_field
 from routespec.conformance.test_response_reuse import listening
 from routespec.conformance.test_transport import (
     NO_ENDPOINT,
@@ -37,7 +41,13 @@ from routespec.conformance.test_worker_limits import (
     refused_overloaded,
     sized_request,
 )
-from routespec.conformance.test_worker_server import SILENT_NAME, UNAVAILABLE_ACK
+from routespec.conformance.test_worker_server import (
+    NOT_UTF8_PATH,
+    SILENT_NAME,
+    UNAVAILABLE_ACK,
+    WORKER_LOG,
+    worker_lines,
+)
 from routespec.testing.target import (
     Capability,
     HeldConnection,
@@ -397,4 +407,82 @@ def test_the_idle_timeout_runs_while_the_worker_is_on_a_request(target: Target) 
         expected=f"open at {IDLE - 0.5:g} s; closed at {IDLE:g} s, no ACK",
         actual=f"{'closed' if before.closed else 'open'} at {IDLE - 0.5:g} s; "
         f"{'closed' if seen.closed else 'open'} at {IDLE:g} s, ACKs {list(seen.acks)}",
+    )
+
+
+# --- TRN-057: what the worker logs when bad bytes end a connection ---
+
+_WHOLE = request_message(NO_ENDPOINT, CONTROL, BODY)
+_PATH, _HEADERS = len(NO_ENDPOINT.encode()), len(b"{}")
+ENDINGS = {  # the bytes a connection ends on, whether the peer then closes it, the field
+    "inside-the-path-length": (_WHOLE[:1], True, "request.path_len"),
+    "inside-the-path": (_WHOLE[: 2 + 1], True, "request.path"),
+    "inside-the-headers-length": (_WHOLE[: 2 + _PATH + 1], True, "request.headers_len"),
+    "inside-the-headers": (_WHOLE[: 2 + _PATH + 2 + 1], True, "request.headers"),
+    "inside-the-payload-length": (
+        _WHOLE[: 2 + _PATH + 2 + _HEADERS + 3],
+        True,
+        "request.payload_len",
+    ),
+    "inside-the-payload": (_WHOLE[:-1], True, "request.payload"),
+    "a-payload-past-32-mib": (
+        declared_prefix(MAX_MESSAGE_BYTES + 1 - len(declared_prefix(0, 0)), 0),
+        False,
+        "request.payload_len",
+    ),
+    "a-path-that-is-not-utf-8": (NOT_UTF8_PATH, False, "request.path"),
+}
+
+
+@covers("TRN-057", "TRN-012")
+@requires(Capability.WORKER_LIMITS, Capability.OBSERVE_WORKER_LOG)
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_connection_bad_bytes_end_is_logged_naming_the_field(
+    target: Target, caplog: pytest.LogCaptureFixture, ending: str
+) -> None:
+    """A connection's bytes stop inside one part of a request (the peer then closes it), or
+    declare a payload past 32 MiB in all, or a path that is not UTF-8: the worker closes the
+    connection and logs one line naming the peer and the field at fault."""
+    data, then_closed, field = ENDINGS[ending]
+    worker = target.add_worker()
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    connection = target.connect(worker)
+    target.write(connection, data)
+    if then_closed:
+        target.disconnect(connection)
+    serves_again(target, worker, "TRN-012")  # and by then the worker has read the end
+    lines = worker_lines(caplog)
+    require(
+        "TRN-057",
+        len(lines) == 1 and PEER in lines[0] and names_field(lines[0], field),
+        f"worker {worker} closed a connection whose bytes ended {ending.replace('-', ' ')}: "
+        f"it should log one line naming the peer ({PEER}) and the field {field}",
+        expected=f"one line naming {PEER} and {field}",
+        actual=lines,
+    )
+
+
+@covers("TRN-057")
+@requires(Capability.WORKER_LIMITS, Capability.OBSERVE_WORKER_LOG)
+@pytest.mark.parametrize("requests", [0, 2], ids=["before-any-request", "after-two-requests"])
+def test_a_connection_closed_between_requests_logs_nothing(
+    target: Target, caplog: pytest.LogCaptureFixture, requests: int
+) -> None:
+    """The peer closes a connection before its first request, or after two whole ones the
+    worker answered: nothing was broken, so the worker logs nothing."""
+    worker = target.add_worker()
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    connection = target.connect(worker)
+    for count in range(1, requests + 1):
+        answered_in_turn(target.write(connection, _WHOLE), count, NO_ENDPOINT, "a request")
+    target.disconnect(connection)
+    serves_again(target, worker, "TRN-057")
+    lines = worker_lines(caplog)
+    require(
+        "TRN-057",
+        not lines,
+        f"the peer closed its connection to worker {worker} between requests: the worker "
+        "should log nothing for it",
+        expected="no line",
+        actual=lines,
     )

@@ -617,6 +617,17 @@ def error_type_of(frames: list[tuple[bytes, object]]) -> object:
     return None
 
 
+def error_message_of(frames: list[tuple[bytes, object]]) -> str:
+    """The message of the first error item among ``frames`` ("" if none)."""
+    for _, body in frames:
+        data = body.get("data") if isinstance(body, dict) else None
+        if isinstance(data, dict) and data.get("event") == "error":
+            error = data.get("error")
+            message = error.get("message") if isinstance(error, dict) else None
+            return message if isinstance(message, str) else ""
+    return ""
+
+
 BREAKS: dict[str, tuple[Callable[[socket.socket], None], str]] = {  # how the caller breaks
     # the request stream, and the type the request then fails with
     "closed": (lambda stream: stream.close(), "Disconnected"),
@@ -656,12 +667,19 @@ def test_a_broken_request_stream_fails_its_request_with_a_type(target: Target, b
             breaking(inputs)
             rest = closing_bytes(response)
             frames = [] if rest is None else frames_of(rest)
+            field = "request_stream.frame" if expected == "InvalidArgument" else None
             require(
                 requirement,
-                error_type_of(frames) == expected and frames[-1][0] == SENTINEL,
+                error_type_of(frames) == expected
+                and (field is None or names_field(error_message_of(frames), field))
+                and frames[-1][0] == SENTINEL,
                 f"a bidirectional request whose request stream was broken ({broken}) should "
-                f"end with an error item of type {expected}, then the final frame and sentinel",
-                expected=f"an error item {expected!r}, closed",
+                f"end with an error item of type {expected}"
+                + (f" naming {field}" if field else "")
+                + ", then the final frame and sentinel",
+                expected=f"an error item {expected!r}"
+                + (f" naming {field}" if field else "")
+                + ", closed",
                 actual=f"frames {frames!r}" if rest is not None else "still open",
             )
     serves_again(target, worker, requirement)

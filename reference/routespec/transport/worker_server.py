@@ -227,9 +227,8 @@ class WorkerServer:
         except* Exception as group:  # TRN-023: whatever went wrong ends this connection only
             LOG.warning("worker: connection from %s closed: %s", peer, one_line(group))
         finally:
-            self.connections -= 1
-            if self.connections < self.limits.max_connections:
-                self._cap_reported = False
+            self.connections -= 1  # under the cap now: reaching it again is worth a line
+            self._cap_reported = False
             connection.release()
             with trio.CancelScope(shield=True):  # a Cancelled must not replace what is in flight
                 await trio.aclose_forcefully(stream)
@@ -238,8 +237,10 @@ class WorkerServer:
         try:
             with connection.ending_when_idle():
                 await self._read_requests(connection)
-        except (WireProtocolError, ConnectionIdle, *CONNECTION_ERRORS):
-            pass  # a broken, silent or vanished peer loses only its own connection (TRN-012)
+        except WireProtocolError as error:  # TRN-057: the peer is told nothing, the log is
+            LOG.warning("worker: connection from %s closed: %s", connection.peer, error)
+        except (ConnectionIdle, *CONNECTION_ERRORS):
+            pass  # a silent or vanished peer loses only its own connection (TRN-012)
         if connection.holding:  # the ACKs of the requests read before the fault or the end
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await connection.send(b"")
