@@ -201,6 +201,7 @@ class TcpCluster:
         self._progress = trio.Event()  # set, then replaced, whenever a process reports
         self._black_hole: str | None = None
         self._held: dict[int, RawConnection] = {}
+        self._ports: dict[int, int] = {}  # an in-process worker's port, as its run started
         self._reused: collections.Counter[int] = collections.Counter()  # streams per worker
         self._handles = itertools.count(1)
         self._names = ScriptedNames()
@@ -231,7 +232,7 @@ class TcpCluster:
     ) -> str:
         server = DrillWorkerServer(limits=limits)
         _count_reuse(server.response_pool, self._reused, worker_id)
-        await self._portal.nursery.start(server.run)
+        self._ports[worker_id] = await self._portal.nursery.start(server.run)  # as it listens
         self._servers[worker_id] = server
         return server.serve(f"{ENDPOINT}/{worker_id:x}", worker)
 
@@ -418,7 +419,7 @@ class TcpCluster:
     def _port(self, worker_id: int) -> int | None:
         if worker_id in self._processes:
             return self._processes[worker_id].port
-        return self._servers[worker_id].port
+        return self._ports.get(worker_id)
 
 
 async def _descriptors_starved(

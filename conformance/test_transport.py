@@ -306,8 +306,11 @@ def test_a_payload_the_codec_cannot_encode_fails_before_sending(
 def test_a_request_message_over_32_mib_fails_before_sending(
     adapter: Adapter, target: Target
 ) -> None:
-    """A payload that makes the request message one past 32 MiB is refused before sending,
-    naming ``request.payload_len``; one a few KiB under the limit is served."""
+    """A payload that makes the request message past 32 MiB is refused before sending,
+    naming ``request.payload_len``; one a few KiB under the limit is served. From the bytes
+    the worker counted of that one, the payload that makes the message exactly 32 MiB in
+    all is served, every byte of it reaching the worker, and one byte more is refused
+    before sending."""
     worker = target.add_worker()
     before = target.worker_bytes(worker)
     over = finished(target, target.submit(Direct(worker, "x" * MESSAGE_LIMIT)), "TRN-043")
@@ -330,6 +333,32 @@ def test_a_request_message_over_32_mib_fails_before_sending(
         "TRN-043",
         under.error is None and len(under.items) == 1,
         f"a request message 8 KiB under {MESSAGE_LIMIT} bytes should be served; got {under}",
+    )
+    counted = target.worker_bytes(worker) - before  # the message as the worker counts it
+    # the codec frames every string this long alike: the message grows by the string's bytes
+    exact = MESSAGE_LIMIT - 8192 + MESSAGE_LIMIT - counted
+    before = target.worker_bytes(worker)
+    served = finished_after_transfer(
+        target,
+        target.submit(Direct(worker, "x" * exact)),
+        "TRN-043",
+        mock_clock=Capability.MOCK_CLOCK in adapter.capabilities,
+    )
+    require(
+        "TRN-043",
+        served.error is None and target.worker_bytes(worker) - before == MESSAGE_LIMIT,
+        f"a request message of exactly {MESSAGE_LIMIT} bytes should be served, every byte "
+        f"of it reaching the worker; got {served}, "
+        f"{target.worker_bytes(worker) - before} bytes read",
+    )
+    before = target.worker_bytes(worker)
+    one_over = finished(target, target.submit(Direct(worker, "x" * (exact + 1))), "TRN-043")
+    require(
+        "TRN-043",
+        refused_before_stream(one_over, "InvalidArgument")
+        and target.worker_bytes(worker) == before,
+        f"a request message of {MESSAGE_LIMIT + 1} bytes should fail before the stream with "
+        f"InvalidArgument, no byte of it sent; got {one_over}",
     )
 
 
