@@ -52,6 +52,19 @@ def _patterns(todo: list[str], everything: Mapping[str, Verdict]) -> list[str]:
     return patterns
 
 
+def _of_the_same_source(
+    current: Mapping[str, Verdict], first: Mapping[str, Verdict]
+) -> dict[str, Verdict]:
+    """A lane's verdicts, less those its stage holds for an older source of the function:
+    a later lane's stage is regenerated only when mutmut runs there, so until then a mutant
+    of an edited function would carry the verdict of the mutant that had its number."""
+    return {
+        name: verdict
+        for name, verdict in current.items()
+        if name in first and verdict.function_hash == first[name].function_hash
+    }
+
+
 def execute(plan: Plan) -> dict[str, Any]:
     stages = {adapter: stage(plan.out / adapter, adapter) for adapter in plan.adapters}
     first = stages[plan.adapters[0]]
@@ -80,7 +93,7 @@ def execute(plan: Plan) -> dict[str, Any]:
             mutmut_driver.seed_from(directory, first)
         if keep:
             _restored(directory, adapter)
-        current = mutmut_driver.verdicts(directory)
+        current = _of_the_same_source(mutmut_driver.verdicts(directory), everything)
         todo = [
             n
             for n in candidates

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mutation import equivalents, report, stage, trial, verdict_store
+from mutation import campaign, equivalents, report, stage, trial, verdict_store
 from mutation.equivalents import Equivalent, load
 from mutation.layers import is_specified
 from mutation.mutmut_driver import Verdict
@@ -239,3 +239,14 @@ def test_a_recorded_kill_is_a_verdict_of_the_lane(tmp_path: Path) -> None:
     data = json.loads(meta.read_text())
     assert data["exit_code_by_key"] == {"a__mutmut_1": 0, "a__mutmut_2": 1}
     assert data["durations_by_key"] == {"a__mutmut_2": 1.25}
+
+
+def test_a_later_lane_forgets_verdicts_of_an_older_source() -> None:
+    """A later lane's stage still holds the verdicts of the function as it was before an
+    edit (mutmut regenerates it only when it runs there): the same mutant name then means
+    another mutant, so its verdict is dropped and the mutant judged again."""
+    first = {NAME: _verdict("no tests", function_hash="new")}
+    later = {NAME: _verdict("killed", function_hash="old")}
+    assert campaign._of_the_same_source(later, first) == {}
+    same = {NAME: _verdict("killed", function_hash="new")}
+    assert campaign._of_the_same_source(same, first) == same
