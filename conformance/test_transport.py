@@ -2246,6 +2246,17 @@ def test_no_two_callers_name_a_stream_alike(open_target: OpenTarget) -> None:
     )
 
 
+def accepted_elsewhere(host: str, port: int) -> tuple[str, bool]:
+    """Another loopback address than ``host``, and whether ``port`` there accepts a
+    connection (TRN-052, TRN-055: a server listens only at the address it gives)."""
+    elsewhere = "127.0.0.2" if host.strip("[]") == PEER else PEER  # loopback, not the host
+    try:
+        with socket.create_connection((elsewhere, port), timeout=DIAL_WAIT):
+            return elsewhere, True
+    except OSError:
+        return elsewhere, False
+
+
 @covers("TRN-052")
 @requires(Capability.DIRECT, Capability.OBSERVE_CONTROL_MESSAGE)
 def test_the_response_server_listens_only_where_it_says(target: Target) -> None:
@@ -2254,12 +2265,7 @@ def test_the_response_server_listens_only_where_it_says(target: Target) -> None:
     [info] = response_infos(target, 1, "TRN-052")
     host, _, port = str(info.get("address")).rpartition(":")
     require("TRN-052", port.isdigit(), f"no response address was read: {info!r}")
-    elsewhere = "127.0.0.2" if host.strip("[]") == PEER else PEER  # loopback, not the host
-    try:
-        with socket.create_connection((elsewhere, int(port)), timeout=DIAL_WAIT):
-            accepted = True
-    except OSError:
-        accepted = False
+    elsewhere, accepted = accepted_elsewhere(host, int(port))
     require_false(
         "TRN-052",
         accepted,

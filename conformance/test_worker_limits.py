@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import struct
 from collections.abc import Callable, Sequence
 
@@ -22,9 +21,9 @@ import pytest
 from routespec.conformance.checks import covers, require, require_equal, requires
 from routespec.conformance.scenario import finished
 from routespec.conformance.test_transport import (
-    DIAL_WAIT,
     NO_ENDPOINT,
     PEER,
+    accepted_elsewhere,
     indices,
     request_message,
     serves_again,
@@ -443,12 +442,7 @@ def test_a_worker_listens_only_at_the_address_it_registers(target: Target) -> No
     it accepts at: the same port on another loopback address refuses."""
     worker = target.add_worker()
     host, _, port = target.worker_address(worker).rpartition(":")
-    elsewhere = "127.0.0.2" if host.strip("[]") == PEER else PEER  # loopback, not the host
-    try:
-        with socket.create_connection((elsewhere, int(port)), timeout=DIAL_WAIT):
-            accepted = True
-    except OSError:
-        accepted = False
+    elsewhere, accepted = accepted_elsewhere(host, int(port))
     require(
         "TRN-055",
         not accepted,
