@@ -2,7 +2,7 @@
 
 python -m mutation run                          # every specified module (hours)
 python -m mutation run --module routing/selection.py --module routing/worker_sets.py
-python -m mutation run --sample 40 --seed 1     # the CI lane: prints the kill rate
+python -m mutation run --sample 100 --seed 1    # the CI lane: prints the kill rate
 python -m mutation run --rerun-alive --module migration.py   # after adding checks
 python -m mutation report                       # rebuild report and page, run nothing
 python -m mutation equivalent NAME... --reason "one line: why no check can tell"

@@ -248,7 +248,8 @@ def markdown(
         *_judged_at(report.get("judged_at")),
         "",
         "Run it with `python -m mutation run [--module routing/selection.py ...]` "
-        "(see `python -m mutation --help`); the CI sample lane is `.ci/mutation-sample`. "
+        "(see `python -m mutation --help`); the CI sample lane is `.ci/mutation-sample` "
+        "(a seeded 100 of the mutants, both lanes, failing below 95 %). "
         "Triage a survivor with `python -m mutation try NAME --adapter A -- CHECKS` (the "
         "working tree's checks against that mutant, the unmutated reference first; "
         "`--record` writes its kills into the lane's verdicts) and, "
