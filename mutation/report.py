@@ -106,6 +106,8 @@ def build(
                     "diff": diffs.get(name, ""),
                 }
             )
+    if not selection.get("sample"):
+        stale += _unmatched(equivalents, set(names), set(per_module))
     modules = {module: _figures(counts) for module, counts in sorted(per_module.items())}
     overall = _figures(sum(per_module.values(), Counter()))
     commit, dirty = git_commit()
@@ -124,6 +126,25 @@ def build(
         "equivalents": listed_equivalents,
         "stale_equivalents": stale,
     }
+
+
+def module_of(name: str) -> str:
+    """The module (a path under reference/routespec) a mutant's name belongs to:
+    ``routespec.routing.selection.xǁSelectorǁselect__mutmut_1`` is routing/selection.py."""
+    dotted = name.rsplit(".", 1)[0].removeprefix("routespec.")
+    return dotted.replace(".", "/") + ".py"
+
+
+def _unmatched(
+    equivalents: Mapping[str, Equivalent], names: set[str], modules: set[str]
+) -> list[dict[str, Any]]:
+    # An entry in a module this run saw whole that names no mutant it generated: the function
+    # shrank or was renamed, so the entry explains nothing any more.
+    return [
+        {"name": name, "reason": "listed equivalent but no longer generated"}
+        for name in sorted(equivalents)
+        if name not in names and module_of(name) in modules
+    ]
 
 
 def _judged_at(commits: Mapping[str, int] | None) -> list[str]:

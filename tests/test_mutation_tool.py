@@ -71,6 +71,23 @@ def test_a_killed_mutant_listed_equivalent_is_flagged_and_counted_killed() -> No
     assert len(built["stale_equivalents"]) == 1  # type: ignore[arg-type]
 
 
+def test_an_equivalent_entry_naming_no_generated_mutant_is_stale() -> None:
+    gone = NAME.replace("mutmut_1", "mutmut_99")
+    elsewhere = "routespec.routing.worker_sets.x_other__mutmut_1"
+    listed = {n: Equivalent(n, "same", "abc") for n in (NAME, gone, elsewhere)}
+    lanes = {"reference": {NAME: _verdict("survived")}}
+    whole = report.build([NAME], lanes, listed, {}, {"modules": []}, {})
+    # worker_sets.py was not part of the run, so its entry is not judged
+    assert [e["name"] for e in whole["stale_equivalents"]] == [gone]
+    sampled = report.build([NAME], lanes, listed, {}, {"sample": 1, "seed": 1}, {})
+    assert sampled["stale_equivalents"] == []  # a sample sees only part of each module
+
+
+def test_a_mutants_name_gives_its_module() -> None:
+    assert report.module_of(NAME) == "routing/selection.py"
+    assert report.module_of("routespec.errors.x_f__mutmut_2") == "errors.py"
+
+
 def test_the_score_leaves_out_unchecked_and_skipped() -> None:
     counts = dict.fromkeys((*report.BUCKETS, "equivalent"), 0)
     counts |= {"killed": 3, "timeout": 1, "survived": 1, "not checked": 50, "skipped": 2}
