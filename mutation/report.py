@@ -78,7 +78,8 @@ def build(
     listed_equivalents: list[dict[str, Any]] = []
     stale: list[dict[str, Any]] = []
     seconds: list[float] = []
-    for name in sorted(names):
+    ordered = sorted(names)  # read twice: per mutant, then for entries naming none of them
+    for name in ordered:
         verdicts = {adapter: lane.get(name) for adapter, lane in lanes.items()}
         first = next(v for v in verdicts.values() if v is not None)
         status = combine(verdicts.values())
@@ -107,7 +108,7 @@ def build(
                 }
             )
     if not selection.get("sample"):
-        stale += _unmatched(equivalents, set(names), set(per_module))
+        stale += _unmatched(equivalents, set(ordered), set(per_module))
     modules = {module: _figures(counts) for module, counts in sorted(per_module.items())}
     overall = _figures(sum(per_module.values(), Counter()))
     commit, dirty = git_commit()
