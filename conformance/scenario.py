@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
@@ -50,15 +51,22 @@ def finished(target: Target, request_id: str, requirement: str) -> Outcome:
     return outcome
 
 
+TRANSFER_BUDGET = 60.0
+"""Real seconds ``finished_after_transfer`` lets a transfer's bytes take to arrive."""
+
+
 def finished_after_transfer(
     target: Target, request_id: str, requirement: str, *, mock_clock: bool
 ) -> Outcome:
-    """``finished`` for a request that moves megabytes between two sockets of one process:
-    every task can be blocked on I/O for an instant before it ends, so ``submit`` may return
-    early; on a mock clock the system is let settle again (no time passes) until it ends."""
-    for _ in range(100 if mock_clock else 0):
-        if target.outcome(request_id) is not None:
-            break
+    """``finished`` for a request that moves megabytes between two sockets of one process.
+
+    The kernel moves loopback bytes on its own, real clock (a loaded machine defers them to
+    ksoftirqd), so every task can be blocked on I/O while bytes are still on their way and
+    ``submit`` returns early. On a mock clock the system is let settle again, no mock time
+    passing, until the request ends or ``TRANSFER_BUDGET`` real seconds have gone; a count
+    of settles was not enough under load."""
+    deadline = time.monotonic() + (TRANSFER_BUDGET if mock_clock else 0.0)
+    while target.outcome(request_id) is None and time.monotonic() < deadline:
         target.advance_time(0.0)
     return finished(target, request_id, requirement)
 
