@@ -536,6 +536,7 @@ class ReferenceTarget:
         items: list[object] = []
         error_item: ObservedError | None = None
         bookings: Mapping[int, int] | None = None
+        occupancy: Mapping[int, int] | None = None
         stream: ItemStream | None = None
         with trio.CancelScope() as scope:  # drop() cancels it, before or after the stream
             self._scopes[request.request_id] = scope
@@ -556,8 +557,9 @@ class ReferenceTarget:
                         break
                     if item.error is not None:
                         error_item = observe(item.error, pre_stream=False)
+                        occupancy = self._router.occupancy.snapshot()  # as the caller sees it
                         if self._host is not None:
-                            bookings = self._host.bookings()  # as the caller sees the error
+                            bookings = self._host.bookings()
                         break  # a caller stops reading at the first error item
                     items.append(item.data)
             finally:
@@ -566,7 +568,7 @@ class ReferenceTarget:
                 await stream.aclose()
         del self._scopes[request.request_id]
         self._outcomes[request.request_id] = Outcome(
-            tuple(items), error_item, scope.cancel_called, bookings
+            tuple(items), error_item, scope.cancel_called, bookings, occupancy
         )
 
     async def _open_stream(self, request: Request, call: Call) -> ItemStream:

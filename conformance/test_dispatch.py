@@ -598,6 +598,46 @@ def test_a_permit_is_released_when_the_caller_leaves_before_the_stream(
     require_compare("DSP-011", outcome.error, "is", None, f"the witness ended {outcome}")
 
 
+@covers("DSP-011")
+@requires(Capability.SCRIPT_STALL, Capability.SCRIPT_FAILURES, Capability.OBSERVE_OCCUPANCY)
+@pytest.mark.parametrize(
+    "call_kind",
+    [
+        pytest.param("preselected", marks=pytest.mark.requires(Capability.PRESELECTED)),
+        pytest.param("least-loaded", marks=pytest.mark.requires(Capability.LEAST_LOADED)),
+    ],
+)
+@pytest.mark.parametrize("after", [0, 2], ids=["first-item", "after-2"])
+def test_a_permit_is_gone_when_the_caller_receives_an_error_item(
+    target: Target, call_kind: str, after: int
+) -> None:
+    """Observed at the moment of receipt (``Outcome.occupancy_at_error``), before the caller
+    reads on or closes the stream: a permit released only at the stream's end or close shows
+    here. A witness stays open on the worker, so a double release shows as well."""
+    worker = target.add_worker()
+    call: Call = Preselected(worker) if call_kind == "preselected" else Generate("least-loaded")
+    target.script_worker(worker, Stall(items=1))
+    witness = target.submit(call)
+    target.script_worker(worker, FailMidStream(after, ErrorSpec("InvalidArgument")))
+    outcome = finished(target, target.submit(call), "DSP-011")
+    require(
+        "DSP-011",
+        len(outcome.items) == after and shows(outcome.error, ("InvalidArgument",)),
+        f"{call_kind}: expected {after} items then an InvalidArgument error item; got {outcome}",
+    )
+    at_error = outcome.occupancy_at_error
+    require_equal(
+        "DSP-011",
+        None if at_error is None else {w: n for w, n in at_error.items() if n},
+        {worker: 1},
+        f"{call_kind}: when the caller received the error item, the failed request's permit "
+        f"should already be released (the witness's only); occupancy was {at_error}",
+    )
+    target.release_stalled(worker)
+    finished(target, witness, "DSP-011")
+    require_equal("DSP-011", loads(target), {}, f"occupancy at the end: {loads(target)}")
+
+
 @covers("DSP-012")
 @requires(
     Capability.PRESELECTED,

@@ -1350,6 +1350,35 @@ def test_the_guard_is_held_until_the_first_item(target: Target) -> None:
         )
 
 
+@covers("TRN-018")
+@requires(Capability.DIRECT, Capability.FIRST_RESPONSE_GUARD, Capability.SCRIPT_STALL)
+@pytest.mark.parametrize("first_items", [1, 3])
+def test_the_guard_is_gone_once_the_first_item_is_received(
+    target: Target, first_items: int
+) -> None:
+    """Observed while the stream is still open (its worker stalls after ``first_items``): a
+    guard kept to the stream's end, rather than let go at its first item, shows here."""
+    worker = target.add_worker()
+    target.script_worker(worker, Stall(items=first_items))
+    request = target.submit(Direct(worker), guarded=True)
+    require_compare("TRN-018", target.outcome(request), "is", None, "the stream ended early")
+    require_equal(
+        "TRN-018",
+        target.held_guards(),
+        0,
+        f"the caller has received {first_items} item(s) of a stream still open: the guard "
+        "should be released at the first",
+    )
+    target.release_stalled(worker)
+    outcome = finished(target, request, "TRN-018")
+    require(
+        "TRN-018",
+        outcome.error is None and len(outcome.items) == first_items + 1,
+        f"expected {first_items + 1} items and a clean end; got {outcome}",
+    )
+    require_equal("TRN-018", target.held_guards(), 0, "a guard is held after the stream ended")
+
+
 @covers("TRN-015", "TRN-018")
 @requires(
     Capability.DIRECT,

@@ -521,6 +521,10 @@ class Outcome:
     bookings_at_error: Mapping[int, int] | None = None
     """For a routing-host request that ended with an error item: the host's bookings at the
     moment the caller received that item."""
+    occupancy_at_error: Mapping[int, int] | None = None
+    """For a request that ended with an error item, on a target that observes occupancy
+    (Capability.OBSERVE_OCCUPANCY): the router's occupancy at the moment the caller received
+    that item, before it read on or closed the stream (DSP-011)."""
 
 
 @attrs.frozen
