@@ -612,8 +612,14 @@ class ReferenceTarget:
             RouterMode(call.mode),
             pin=call.pin,
             prepare=stamp_prepared_target,
-            is_stopped=lambda: call.stopped,
+            is_stopped=lambda: call.stopped or self._reached_enough(request, call.stop_after),
         )
+
+    def _reached_enough(self, request: Request, stop_after: int | None) -> bool:
+        """Whether ``request`` has reached ``stop_after`` workers (``Migrate.stop_after``)."""
+        if stop_after is None:
+            return False
+        return sum(d.request_id == request.request_id for d in self._log) >= stop_after
 
     # discovery stores
 

@@ -382,6 +382,42 @@ def test_a_stopped_request_makes_no_attempt(target: Target) -> None:
     )
 
 
+@covers("MIG-006")
+@requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
+@pytest.mark.parametrize("where", ["before-stream", "mid-stream"])
+def test_a_request_stopped_after_a_failed_attempt_makes_no_other(
+    target: Target, where: str
+) -> None:
+    """The caller's context stops once the first attempt has reached its worker, which then
+    fails with a migratable error and leaves attempts to spare: the next attempt meets the
+    stopped context, so no second worker is reached."""
+    failure = ErrorSpec("Disconnected")
+    script: WorkerScript = (
+        FailBeforeStream(failure) if where == "before-stream" else FailMidStream(2, failure)
+    )
+    failing, _spare = cluster(target, script, Serve())
+    request = target.submit(Migrate(limit=3, stop_after=1))
+    outcome = finished(target, request, "MIG-006")
+    if where == "before-stream":
+        ended_as_spec = (
+            not outcome.items
+            and outcome.error is not None
+            and outcome.error.pre_stream
+            and shows(outcome.error, ("Cancelled",))
+        )
+        expected = "Cancelled before any stream"
+    else:
+        ended_as_spec = tokens(outcome) == EXPECTED[:2] and shows(outcome.error, ("Disconnected",))
+        expected = f"the tokens {EXPECTED[:2]}, then the Disconnected error item"
+    require(
+        "MIG-006",
+        deliveries(target, request) == [failing] and ended_as_spec,
+        f"{failing} failed {where} with Disconnected and the caller's context stopped then: "
+        f"expected no other attempt and {expected}; reached {deliveries(target, request)}, "
+        f"got {outcome}",
+    )
+
+
 @covers("MIG-007", "MIG-009")
 @requires(Capability.MIGRATION, Capability.SCRIPT_FAILURES)
 @pytest.mark.parametrize("min_tokens", [0, 1, 5])

@@ -797,10 +797,10 @@ class FrontendTarget(Unsupported):
                 f"a {call.form} request: the frontend tokenizes every prompt, so its migration "
                 "only ever sees token requests"
             )
-        if call.stopped:
+        if call.stopped or call.stop_after is not None:
             unreachable(
-                "a caller context stopped before the first attempt: an HTTP client can only "
-                "go away, and then it reads nothing"
+                "a caller context stopped before an attempt: an HTTP client can only go away, "
+                "and then it reads nothing"
             )
         if call.mode not in POLICIES:
             unreachable(f"router mode {call.mode!r}")

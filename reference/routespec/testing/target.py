@@ -422,7 +422,9 @@ class Migrate:
     it continues (``prompt length + i``), the last with ``finish_reason: "stop"``; its script
     decides where it fails (``FailMidStream(k, …)`` fails after ``k`` tokens). So a request
     that completes must read exactly ``prompt, prompt+1, …, prompt+max_tokens-1``.
-    ``stopped`` marks the caller's context stopped before the first attempt.
+    ``stopped`` marks the caller's context stopped before the first attempt; ``stop_after``
+    stops it as soon as the request has reached that many workers (its dispatch log), so an
+    attempt after that one meets a stopped context (MIG-006).
 
     ``form`` "map" sends a request that is not a token request: a map carrying the prompt as
     text (``{"prompt": "0 1 2 3", "max_tokens": …}``), answered with ``Serve``'s map items,
@@ -440,6 +442,7 @@ class Migrate:
     max_seq_len: int | None = None
     pin: int | None = None
     stopped: bool = False
+    stop_after: int | None = None
     form: Literal["tokens", "map", "text"] = "tokens"
 
 
