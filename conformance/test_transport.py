@@ -268,6 +268,52 @@ def test_an_oversized_control_message_is_refused_before_sending(target: Target) 
             )
 
 
+def compact_length(control: Mapping[str, object]) -> int:
+    """The bytes of ``control`` as Dynamo's serde_json (and the reference) write it: compact
+    JSON, non-ASCII escaped as JSON escapes it (the checks' pads are ASCII)."""
+    return len(json.dumps(control, separators=(",", ":")).encode())
+
+
+@covers("TRN-002")
+@requires(Capability.DIRECT, Capability.OBSERVE_CONTROL_MESSAGE)
+def test_a_control_message_of_exactly_128_kib_is_sent_and_a_byte_more_is_not(
+    target: Target,
+) -> None:
+    """Both sides of the bound: a probe's control message, as its worker read it, gives the
+    length every other field takes; a pad then makes the next one exactly 128 KiB (sent) and
+    the one after a byte longer (refused before any byte reaches the worker)."""
+    worker = target.add_worker()
+    probe = target.submit(Direct(worker), metadata={"pad": ""})
+    finished(target, probe, "TRN-002")
+    control = target.control_message(probe)
+    if control is None:
+        pytest.fail(f"setup: no worker read a control message for {probe}")
+    room = CONTROL_LIMIT - compact_length(control)
+    at_limit = target.submit(Direct(worker), metadata={"pad": "x" * room})
+    outcome = finished(target, at_limit, "TRN-002")
+    read = target.control_message(at_limit)
+    if read is not None and compact_length(read) != CONTROL_LIMIT:  # the other fields grew
+        pytest.fail(f"setup: the padded control message is {compact_length(read)} bytes")
+    require(
+        "TRN-002",
+        outcome.error is None and indices(outcome) == [0] and read is not None,
+        f"a control message of exactly {CONTROL_LIMIT} bytes is within the bound and should be "
+        f"sent and served: {outcome}",
+    )
+    over = target.submit(Direct(worker), metadata={"pad": "x" * (room + 1)})
+    outcome = finished(target, over, "TRN-002")
+    require(
+        "TRN-002",
+        outcome.error is not None
+        and outcome.error.pre_stream
+        and str(CONTROL_LIMIT) in outcome.error.links[0][1]
+        and target.control_message(over) is None
+        and not reached(target, over),
+        f"a control message of {CONTROL_LIMIT + 1} bytes should fail before the stream naming "
+        f"the limit {CONTROL_LIMIT}, reaching no worker: {outcome}",
+    )
+
+
 UNENCODABLE = {  # a payload no codec of the wire can write
     "a-set": {1, 2},
     "an-int-past-64-bits": 2**70,
