@@ -15,7 +15,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -1468,9 +1468,26 @@ def test_a_guarded_request_dropped_before_its_first_item_leaves_nothing_in_fligh
     serves_again(target, worker, "TRN-015")
 
 
+ENDED_AS: Mapping[str, Callable[[Outcome], bool]] = {
+    "served": lambda outcome: outcome.error is None and not outcome.dropped,
+    "worker-killed": lambda outcome: outcome.error is not None,
+    "callers-dropped": lambda outcome: outcome.dropped,
+}
+
+
 @covers("TRN-019")
 @requires(Capability.DIRECT, Capability.FIRST_RESPONSE_GUARD, Capability.SCRIPT_STALL)
-def test_retained_dispatches_are_bounded(target: Target) -> None:
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "served",
+        pytest.param("worker-killed", marks=pytest.mark.requires(Capability.KILL_WORKER)),
+        "callers-dropped",
+    ],
+)
+def test_retained_dispatches_are_bounded(target: Target, ending: str) -> None:
+    """The bound's slots come back however the retained dispatches end: served, failed (their
+    worker killed before the first item), or left by their callers and then served."""
     worker = target.add_worker()
     target.script_worker(worker, Stall(items=0, items_after=1))
     retained = [target.submit(Direct(worker), guarded=True) for _ in range(RETAINED_LIMIT)]
@@ -1490,19 +1507,68 @@ def test_retained_dispatches_are_bounded(target: Target) -> None:
         f"guarded request {RETAINED_LIMIT + 1} should fail with ResourceExhausted: {outcome}",
     )
     require_equal("TRN-019", target.held_guards(), RETAINED_LIMIT, "the refused guard is held")
-    target.release_stalled(worker)
+    if ending == "worker-killed":
+        target.kill_worker(worker)
+        worker = target.add_worker()
+    else:
+        if ending == "callers-dropped":
+            for request in retained:
+                target.drop(request)
+        target.release_stalled(worker)
     ended = [target.outcome(request) for request in retained]
     require(
         "TRN-019",
-        target.held_guards() == 0 and all(o is not None and o.error is None for o in ended),
-        f"after release, {target.held_guards()} guards held; "
-        f"{sum(o is None for o in ended)} requests still open",
+        target.held_guards() == 0 and all(o is not None and ENDED_AS[ending](o) for o in ended),
+        f"{ending}: {target.held_guards()} guards held; {sum(o is None for o in ended)} "
+        f"requests still open; ended {[o for o in ended if o is not None][:1]}",
     )
     target.script_worker(worker, Serve(1))
     outcome = finished(target, target.submit(Direct(worker), guarded=True), "TRN-019")
     require_compare(
-        "TRN-019", outcome.error, "is", None, f"the bound did not free its slots: {outcome}"
+        "TRN-019",
+        outcome.error,
+        "is",
+        None,
+        f"{ending}: the retained dispatches ended but the bound did not free their slots: "
+        f"{outcome}",
     )
+
+
+@covers("TRN-019")
+@requires(
+    Capability.DIRECT,
+    Capability.FIRST_RESPONSE_GUARD,
+    Capability.SCRIPT_STALL,
+    Capability.SCRIPT_FAILURES,
+)
+def test_a_retained_dispatch_that_fails_before_its_stream_frees_its_slot(target: Target) -> None:
+    """One slot short of the bound, a guarded dispatch fails before its stream: its slot must
+    come back at once, so the next guarded dispatch is still retained, and only the one after
+    it is refused."""
+    stalled, failing = target.add_worker(), target.add_worker()
+    target.script_worker(stalled, Stall(items=0, items_after=1))
+    target.script_worker(failing, FailBeforeStream(ErrorSpec("InvalidArgument")))
+    for _ in range(RETAINED_LIMIT - 1):
+        target.submit(Direct(stalled), guarded=True)
+    failed = finished(target, target.submit(Direct(failing), guarded=True), "TRN-019")
+    if failed.error is None or not failed.error.pre_stream:
+        pytest.fail(f"setup: worker {failing} should fail before the stream: {failed}")
+    last = target.submit(Direct(stalled), guarded=True)
+    require(
+        "TRN-019",
+        target.outcome(last) is None and target.held_guards() == RETAINED_LIMIT,
+        f"{RETAINED_LIMIT - 1} dispatches are retained and one failed before its stream, so "
+        f"one slot is free; the next guarded dispatch ended {target.outcome(last)} with "
+        f"{target.held_guards()} guards held",
+    )
+    refused = finished(target, target.submit(Direct(stalled), guarded=True), "TRN-019")
+    require(
+        "TRN-019",
+        shows(refused.error, ("ResourceExhausted",)),
+        f"with {RETAINED_LIMIT} retained, the next guarded dispatch should be refused: {refused}",
+    )
+    target.release_stalled(stalled)
+    require_equal("TRN-019", target.held_guards(), 0, "guards held after every stream ended")
 
 
 # --- TRN-020, TRN-021 ---
