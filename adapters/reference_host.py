@@ -77,12 +77,15 @@ def build_host(
 ) -> RoutingHost:
     affinity = None
     if config.affinity_ttl is not None:
-        affinity = AffinityCoordinator(config.affinity_ttl, config.max_affinity_entries)
+        affinity = AffinityCoordinator(
+            config.affinity_ttl, **set_only(max_entries=config.max_affinity_entries)
+        )
+    mode = None if config.affinity_mode is None else AffinityMode(config.affinity_mode)
     host = host_class.create(
         router,
         RouterMode(config.policy),
         affinity=affinity,
-        affinity_mode=AffinityMode(config.affinity_mode),
+        **set_only(affinity_mode=mode),
         lora=LoraFilter() if config.lora else None,
         kv=lambda: KvScheduler(
             config.block_size,

@@ -43,12 +43,20 @@ from routespec.testing.target import (
 TTL = 10.0
 MAX_TTL = 31_536_000
 MAX_SESSION_BYTES = 256
+DEFAULT_CAP = 65_536  # AFF-004: the affinity table's sessions unless configured lower
 
 
-def hard(policy: str = "round-robin", max_entries: int = 65_536) -> HostConfig:
+def hard(
+    policy: str = "round-robin", max_entries: int | None = None, mode: str | None = "hard"
+) -> HostConfig:
+    """Hard affinity, named (``mode`` None: the host's default, which AFF-006 says is hard);
+    the cap the host's own unless ``max_entries`` is given (AFF-004: 65,536)."""
     return HostConfig(
-        policy=policy, affinity_ttl=TTL, affinity_mode="hard", max_affinity_entries=max_entries
+        policy=policy, affinity_ttl=TTL, affinity_mode=mode, max_affinity_entries=max_entries
     )
+
+
+HARD_MODES = [pytest.param(None, id="default-mode"), pytest.param("hard", id="hard")]
 
 
 def soft(policy: str = "round-robin") -> HostConfig:
@@ -310,7 +318,7 @@ def test_a_cap_out_of_range_is_refused_at_construction(target: Target, cap: int)
 @requires(Capability.ROUTING_HOST)
 def test_a_cap_of_one_is_accepted_and_binds_one_session(target: Target) -> None:
     """The lower end of the cap's range: 1 is a cap like any other (65,536, the upper end,
-    is the one every other check's host is built with)."""
+    is the default every other check's host is built with)."""
     workers(target, 2, Serve())
     built = target.open_host(hard(max_entries=1))
     require(
@@ -334,6 +342,28 @@ def test_a_cap_of_one_is_accepted_and_binds_one_session(target: Target) -> None:
     unbound(host, "b", "AFF-004", "the refused session b")
     went = served(target, host.route(HostRoute(session="a")), "AFF-004", "session a again")
     require_equal("AFF-004", went, [worker], f"session a is bound to {worker}, went to {went}")
+
+
+@covers("AFF-004")
+@requires(Capability.ROUTING_HOST, Capability.AFFINITY_CAP)
+def test_the_default_cap_binds_65536_sessions_and_refuses_the_next(target: Target) -> None:
+    """The host's own cap, which no check sets: 65,536 sessions bind, a new one is refused
+    with ResourceExhausted, and a bound one is still served."""
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-004", hard())
+    for n in range(DEFAULT_CAP):
+        host.bind_session(f"s{n}", pool[n % 2])
+    outcome = refused(target, host.route(HostRoute(session="new")), "AFF-004", "beyond the cap")
+    require(
+        "AFF-004",
+        shows(outcome.error, ["ResourceExhausted"]),
+        f"with {DEFAULT_CAP} sessions bound (the default cap), a new session should fail "
+        f"with ResourceExhausted, got {outcome.error}",
+    )
+    unbound(host, "new", "AFF-004", "the session refused beyond the default cap")
+    last = f"s{DEFAULT_CAP - 1}"
+    went = served(target, host.route(HostRoute(session=last)), "AFF-004", "a bound session")
+    require_equal("AFF-004", went, [pool[(DEFAULT_CAP - 1) % 2]], f"{last} went to {went}")
 
 
 @covers("AFF-004")
@@ -519,9 +549,10 @@ def test_a_first_dispatch_that_fell_back_binds_the_worker_that_served_it(
 
 @covers("AFF-006")
 @requires(Capability.ROUTING_HOST, Capability.REPORT_DOWN)
-def test_hard_affinity_dispatches_to_an_inhibited_target(target: Target) -> None:
+@pytest.mark.parametrize("mode", HARD_MODES)
+def test_hard_affinity_dispatches_to_an_inhibited_target(target: Target, mode: str | None) -> None:
     pool = workers(target, 2, Serve())
-    host = host_of(target, "AFF-006", hard())
+    host = host_of(target, "AFF-006", hard(mode=mode))
     worker = served(target, host.route(HostRoute(session="s")), "AFF-006", "first request")[0]
     target.report_down(worker)
     others = [served(target, host.route(HostRoute()), "AFF-006", "unpinned") for _ in range(2)]
@@ -544,9 +575,10 @@ def test_hard_affinity_dispatches_to_an_inhibited_target(target: Target) -> None
 
 @covers("AFF-006")
 @requires(Capability.ROUTING_HOST, Capability.MARK_OVERLOADED)
-def test_hard_affinity_selects_an_overloaded_target(target: Target) -> None:
+@pytest.mark.parametrize("mode", HARD_MODES)
+def test_hard_affinity_selects_an_overloaded_target(target: Target, mode: str | None) -> None:
     workers(target, 2, Serve())
-    host = host_of(target, "AFF-006", hard())
+    host = host_of(target, "AFF-006", hard(mode=mode))
     worker = served(target, host.route(HostRoute(session="s")), "AFF-006", "first request")[0]
     target.mark_overloaded(worker, True)
     outcome, went = ended(target, host.route(HostRoute(session="s")), "AFF-006")

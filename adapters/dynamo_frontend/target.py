@@ -912,7 +912,7 @@ class FrontendTarget(Unsupported):
                 error_class="InvalidRequest",
                 types_observed=False,
             )
-        if config.max_affinity_entries != MAX_AFFINITY_ENTRIES:
+        if config.max_affinity_entries not in (None, MAX_AFFINITY_ENTRIES):
             unreachable(
                 "the affinity table's cap is not configurable in 1.6.1 (no flag, no "
                 "RouterConfig field)"
@@ -928,7 +928,8 @@ class FrontendTarget(Unsupported):
         if config.affinity_ttl is not None:
             ttl = config.affinity_ttl
             router["affinity_ttl"] = int(ttl) if float(ttl).is_integer() else ttl
-            router["affinity_mode"] = config.affinity_mode
+            if config.affinity_mode is not None:  # else Dynamo's own default
+                router["affinity_mode"] = config.affinity_mode
         if config.lora:
             router["lora"] = True  # its own model, served by a frontend with DYN_LORA_ENABLED
         generation = self.generation(router, config.block_size, config.affinity_ttl is not None)

@@ -78,6 +78,9 @@ class Capability(enum.Enum):
     KV_INDEX_BOUND = "host:kv-index-bound"
     """The KV host's index keeps a count of blocks per worker, ``HostConfig.kv_index_blocks``
     (spec: KVS-017)."""
+    AFFINITY_CAP = "host:affinity-cap"
+    """The host's session-affinity table can be filled to its cap through
+    ``RoutingHostTarget.bind_session`` in seconds (65,536 sessions by default, AFF-004)."""
     RESPONSE_REUSE = "transport:response-reuse"
     """Raw requests to a worker's served path (``Target.worker_path``), for the checks of
     the reference's response-connection reuse (spec: TRN-028, TRN-029)."""
@@ -633,8 +636,8 @@ class HostConfig:
 
     policy: str = "round-robin"
     affinity_ttl: float | None = None
-    affinity_mode: str = "hard"
-    max_affinity_entries: int = 65_536
+    affinity_mode: str | None = None  # None: the implementation's default (AFF-006: hard)
+    max_affinity_entries: int | None = None  # None: its own cap (AFF-004: 65,536)
     lora: bool = False
     temperature: float = 0.0
     block_size: int = 16
