@@ -114,14 +114,13 @@ def router_config(router: dict[str, Any] | None) -> Any:
         )
     ttl = router.get("affinity_ttl")
     busy = router.get("busy_prefill_tokens")
-    mode_set = {"session_affinity_mode": str(router["affinity_mode"])}  # else Dynamo's own
-    return RouterConfig(
-        mode,
-        kv,
-        active_prefill_tokens_threshold=None if busy is None else int(busy),
-        session_affinity_ttl_secs=ttl,
-        **(mode_set if "affinity_mode" in router else {}),
-    )
+    settings: dict[str, Any] = {
+        "active_prefill_tokens_threshold": None if busy is None else int(busy),
+        "session_affinity_ttl_secs": ttl,
+    }
+    if "affinity_mode" in router:  # else Dynamo's own default
+        settings["session_affinity_mode"] = str(router["affinity_mode"])
+    return RouterConfig(mode, kv, **settings)
 
 
 class Worker:
