@@ -410,6 +410,45 @@ def test_the_idle_timeout_runs_while_the_worker_is_on_a_request(target: Target) 
     )
 
 
+RESOLVING = 5.0  # TRN-027: how long a worker tries a response host that never resolves
+BUSY_IDLE = RESOLVING + 1  # an idle timeout the worker's first request does not use up
+
+
+@covers("TRN-025")
+@requires(Capability.WORKER_LIMITS, Capability.SCRIPT_NAMES, Capability.MOCK_CLOCK)
+def test_bytes_that_came_while_the_worker_was_busy_restart_the_idle_timeout(
+    target: Target,
+) -> None:
+    """A second request arrives 4 s into the 5 s the worker spends resolving the first one's
+    host: bytes came then, so the connection must still be open when the idle timeout
+    (6 s) has not passed since them, though it has since the worker's last wait for bytes;
+    once the worker is done with both and nothing more came, it closes."""
+    worker = target.add_bounded_worker(WorkerBounds(idle_timeout=BUSY_IDLE))
+    target.resolve_name(SILENT_NAME, None)
+    connection = target.connect(worker)
+    control = json.dumps(usable_control(f"{SILENT_NAME}:9", "silent")).encode()
+    target.write(connection, request_message(NO_ENDPOINT, control))
+    target.advance_time(4.0)
+    target.write(connection, request_message(NO_ENDPOINT, control))
+    target.advance_time(RESOLVING - 4.0)  # the first request's host gives up, in its turn
+    target.advance_time(BUSY_IDLE - 1.5)
+    busy = target.held(connection)
+    target.advance_time(RESOLVING + 2.0)
+    done = target.held(connection)
+    require(
+        "TRN-025",
+        not busy.closed and done.closed,
+        f"a request's bytes came at 4 s, while worker {worker} was still resolving the first "
+        f"request's host: no {BUSY_IDLE:g} s passed without a byte until "
+        f"{4 + BUSY_IDLE:g} s, so it should be open at {3.5 + BUSY_IDLE:g} s, and closed "
+        "once both requests were answered and nothing more came",
+        expected=f"open at {3.5 + BUSY_IDLE:g} s; closed at {5.5 + BUSY_IDLE + RESOLVING:g} s",
+        actual=f"{'closed' if busy.closed else 'open'} at {3.5 + BUSY_IDLE:g} s; "
+        f"{'closed' if done.closed else 'open'} at {5.5 + BUSY_IDLE + RESOLVING:g} s; "
+        f"ACKs {list(done.acks)}",
+    )
+
+
 # --- TRN-057: what the worker logs when bad bytes end a connection ---
 
 _WHOLE = request_message(NO_ENDPOINT, CONTROL, BODY)
@@ -458,6 +497,32 @@ def test_a_connection_bad_bytes_end_is_logged_naming_the_field(
         f"worker {worker} closed a connection whose bytes ended {ending.replace('-', ' ')}: "
         f"it should log one line naming the peer ({PEER}) and the field {field}",
         expected=f"one line naming {PEER} and {field}",
+        actual=lines,
+    )
+
+
+@covers("TRN-057")
+@requires(Capability.WORKER_LIMITS, Capability.OBSERVE_WORKER_LOG)
+def test_a_connection_ended_inside_a_refused_payload_is_logged_naming_it(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A payload past the byte budget is refused, and the worker reads on to drop it; the
+    peer closes the connection part of the way through: the bytes still ended inside the
+    payload, and the worker's one line names it."""
+    worker = target.add_bounded_worker(WorkerBounds(max_buffered_bytes=BUDGET))
+    caplog.set_level(logging.WARNING, logger=WORKER_LOG)
+    connection = target.connect(worker)
+    target.write(connection, declared_prefix(20 * BUDGET, 8 * BUDGET))  # 12 budgets short
+    target.disconnect(connection)
+    serves_again(target, worker, "TRN-057")
+    lines = worker_lines(caplog)
+    require(
+        "TRN-057",
+        len(lines) == 1 and PEER in lines[0] and names_field(lines[0], "request.payload"),
+        f"the peer closed its connection to worker {worker} inside a payload the worker "
+        "refused and was dropping: it should log one line naming the peer and the field "
+        "request.payload",
+        expected=f"one line naming {PEER} and request.payload",
         actual=lines,
     )
 

@@ -299,6 +299,9 @@ class FramedConnection:
             data = os.read(sock.fileno(), RECEIVE_CHUNK)
         except BlockingIOError:
             return await self._wait_for(functools.partial(_receive_from_socket, sock))
+        if self._idle_scope is not None and self._idle_timeout is not None:
+            # bytes that came while nobody read restart the idle timeout too (TRN-025)
+            self._idle_scope.deadline = trio.current_time() + self._idle_timeout
         await _sometimes_yield()
         return data
 
