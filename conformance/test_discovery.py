@@ -1273,6 +1273,36 @@ def test_a_skipped_record_is_reported_again_only_when_its_fault_changes(
     )
 
 
+SAME_FIELD_FAULTS = {  # a field, then two faults of it that differ
+    "transport.tcp": (
+        {"transport": {"tcp": f"127.0.0.1/bad/{ENDPOINT}"}},  # no port
+        {"transport": {"tcp": f"127.0.0.1:70000/bad/{ENDPOINT}"}},  # a port past 65535
+    ),
+    "instance_id": ({"instance_id": -0xBAD}, {"instance_id": "2989"}),
+}
+
+
+@covers("DSC-014")
+@requires(STORE)
+@pytest.mark.parametrize("field", list(SAME_FIELD_FAULTS))
+def test_another_fault_of_the_same_field_is_reported_again(target: Target, field: str) -> None:
+    """The record's fault changes but stays in one field: that is a new fault, so the watcher
+    reports the record again, naming the same field."""
+    store = target.open_discovery()
+    delay = store.timing().propagation
+    watcher = store.watch(ENDPOINT)
+    for changes in SAME_FIELD_FAULTS[field]:
+        store.put_raw(ENDPOINT, 0xBAD, _record(**changes))
+        store.advance(2 * delay)
+    require_equal(
+        "DSC-014",
+        store.skipped(watcher),
+        ((BAD_KEY, field),) * 2,
+        f"a record under {BAD_KEY} skipped for {field}, then stored with another fault of "
+        f"{field}: the watcher reported {store.skipped(watcher)}",
+    )
+
+
 @covers("DSC-014")
 @requires(STORE)
 @pytest.mark.parametrize("kind", STORES)
