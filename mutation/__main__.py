@@ -3,6 +3,7 @@
 python -m mutation run                          # every specified module (hours)
 python -m mutation run --module routing/selection.py --module routing/worker_sets.py
 python -m mutation run --sample 100 --seed 1    # the CI lane: prints the kill rate
+python -m mutation run --sample 100 --without-machines   # the deterministic checks alone
 python -m mutation run --rerun-alive --module migration.py   # after adding checks
 python -m mutation report                       # rebuild report and page, run nothing
 python -m mutation equivalent NAME... --reason "one line: why no check can tell"
@@ -43,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
         "--rerun-alive",
         action="store_true",
         help="run again the mutants no check has killed yet (after adding checks)",
+    )
+    run.add_argument(
+        "--without-machines",
+        action="store_true",
+        help="with --sample: leave the stateful machines (*_machine.py) out of the test "
+        "command, so only deterministic checks judge (issue 16: machines add search, not "
+        "coverage)",
     )
     run.add_argument(
         "--fail-under",
@@ -118,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         return _try(args.names, args.adapter, checks, stage, lane if args.record else None)
     adapters = [a for a in args.adapters.split(",") if a]
     sample = getattr(args, "sample", None)
-    out = (args.out or ROOT / "build" / ("mutation-sample" if sample else "mutation")).resolve()
+    without_machines = getattr(args, "without_machines", False)
+    default_out = "mutation-sample" + ("-without-machines" if without_machines else "")
+    out = (args.out or ROOT / "build" / (default_out if sample else "mutation")).resolve()
     docs = args.docs or (None if sample else ROOT / "docs" / "mutation.md")
     if args.command == "run":
         plan = campaign.Plan(
@@ -130,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             rerun=args.rerun,
             rerun_alive=args.rerun_alive,
             out=out,
+            without_machines=without_machines,
         )
         result = campaign.execute(plan)
     else:
@@ -185,7 +196,12 @@ def _print_summary(result: dict[str, Any], path: Path, docs: Path | None) -> Non
     detected = overall["killed"] + overall["timeout"]
     judged = detected + overall["survived"] + overall["no tests"] + overall["suspicious"]
     shown = "n/a" if rate is None else f"{100 * rate:.1f} %"
-    print(f"kill rate: {detected}/{judged} = {shown} (commit {result['commit'][:12]})")
+    judges = (
+        " by the deterministic checks alone (no stateful machine)"
+        if result.get("selection", {}).get("without_machines")
+        else ""
+    )
+    print(f"kill rate{judges}: {detected}/{judged} = {shown} (commit {result['commit'][:12]})")
     if overall["no tests"]:
         reached = overall["score_reached"]
         print(

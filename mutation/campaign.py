@@ -30,6 +30,7 @@ class Plan:
     rerun: bool
     out: Path
     rerun_alive: bool = False  # run again what no check killed yet (after adding checks)
+    without_machines: bool = False  # judge with the deterministic checks alone (a sample)
 
 
 def _glob(module: str) -> str:
@@ -66,7 +67,12 @@ def _of_the_same_source(
 
 
 def execute(plan: Plan) -> dict[str, Any]:
-    stages = {adapter: stage(plan.out / adapter, adapter) for adapter in plan.adapters}
+    if plan.without_machines and plan.sample is None:
+        raise SystemExit("--without-machines judges a sample only: its verdicts are not stored")
+    stages = {
+        adapter: stage(plan.out / adapter, adapter, plan.without_machines)
+        for adapter in plan.adapters
+    }
     first = stages[plan.adapters[0]]
     mutmut_driver.generate(first, plan.children)
     keep = plan.sample is None  # a sample judges the suite as it is now: it stores nothing
@@ -116,7 +122,12 @@ def execute(plan: Plan) -> dict[str, Any]:
     if keep:
         verdict_store.save(stages, staged_at(first))
     names = candidates if plan.sample is not None else sorted(everything)
-    selection = {"modules": sorted(plan.modules), "sample": plan.sample, "seed": plan.seed}
+    selection = {
+        "modules": sorted(plan.modules),
+        "sample": plan.sample,
+        "seed": plan.seed,
+        "without_machines": plan.without_machines,
+    }
     return build_report(plan.out, stages, names, lanes, selection, lane_seconds)
 
 

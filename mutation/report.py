@@ -271,7 +271,9 @@ def markdown(
         "",
         "Run it with `python -m mutation run [--module routing/selection.py ...]` "
         "(see `python -m mutation --help`); the CI sample lane is `.ci/mutation-sample` "
-        "(a seeded 100 of the mutants, both lanes, failing below 95 %). "
+        "(a seeded 100 of the mutants, both lanes, failing below 95 %; then the same sample "
+        "judged by the deterministic checks alone, `--without-machines`, also failing below "
+        "95 %). "
         "Triage a survivor with `python -m mutation try NAME --adapter A -- CHECKS` (the "
         "working tree's checks against that mutant, the unmutated reference first; "
         "`--record` writes its kills into the lane's verdicts) and, "
@@ -299,6 +301,9 @@ def markdown(
         "a check a mutant hangs kills it in seconds, where mutmut's own limit took minutes).",
         "- Lanes: `reference` first, then `reference-tcp` on what the first left alive "
         "(survived or reached by no check); a mutant killed by either lane is killed.",
+        "- The stateful machines add search, not coverage: `run --sample N --without-machines` "
+        "leaves `*_machine.py` out of the test command, so a sample is judged by the "
+        "deterministic checks alone, and a mutant only a machine kills shows as a survivor.",
         "- Equivalent mutants (`mutation/equivalents.toml`) are not run; an entry pins the "
         "function's hash, so an edit to the function marks it stale.",
         "- As root, the lanes run without the capabilities an ordinary user lacks "

@@ -64,9 +64,15 @@ def _toml_list(items: list[str]) -> str:
     return json.dumps(items)  # a JSON list of strings is a TOML array
 
 
-def pytest_args(adapter: str) -> list[str]:
-    """What every check run of ``adapter``'s lane is given."""
+MACHINES = "*_machine.py"  # the stateful machines' modules: search, not coverage (issue 16)
+
+
+def pytest_args(adapter: str, without_machines: bool = False) -> list[str]:
+    """What every check run of ``adapter``'s lane is given; ``without_machines`` leaves the
+    stateful machines out, so only the deterministic checks judge the mutants."""
     args = ["--adapter", adapter, "--hypothesis-profile", PROFILE, "-p", "no:cacheprovider"]
+    if without_machines:
+        args.append(f"--ignore-glob={MACHINES}")
     # thread: at the limit the whole process exits, which kills the mutant. A signal fails
     # only the check, and the target's teardown then waited on the same stuck trio thread
     # until mutmut's own limit, minutes later.
@@ -76,7 +82,7 @@ def pytest_args(adapter: str) -> list[str]:
     return args
 
 
-def pyproject(adapter: str) -> str:
+def pyproject(adapter: str, without_machines: bool = False) -> str:
     only = [f"src/routespec/{glob}" for glob in SPECIFIED]
     excluded = [f"src/routespec/{path}" for path in EXCLUDED]
     return f"""# Written by mutation/stage.py; edit that file instead.
@@ -85,7 +91,7 @@ source_paths = ["src"]
 only_mutate = {_toml_list(only)}
 do_not_mutate = {_toml_list(excluded)}
 pytest_add_cli_args_test_selection = ["src/routespec/conformance"]
-pytest_add_cli_args = {_toml_list(pytest_args(adapter))}
+pytest_add_cli_args = {_toml_list(pytest_args(adapter, without_machines))}
 also_copy = ["conftest.py"]
 use_git_change_detection = false
 # mutmut's default is 15: a mutant that hangs a check (a stuck watcher, a lost wake-up) then
@@ -131,7 +137,7 @@ def _sync_tree(source: Path, target: Path) -> tuple[set[Path], bool]:
     return present, copied
 
 
-def stage(directory: Path, adapter: str) -> Path:
+def stage(directory: Path, adapter: str, without_machines: bool = False) -> Path:
     """Write the stage for ``adapter`` into ``directory`` and return it."""
     src = directory / "src" / "routespec"
     present: set[Path] = set()
@@ -147,6 +153,8 @@ def stage(directory: Path, adapter: str) -> Path:
         if relative not in present and not SKIP_PARTS & set(relative.parts):
             stale.unlink()
             changed = True
+    # A changed test selection maps other checks to the functions they reach, too.
+    changed |= _write_if_changed(directory / "pyproject.toml", pyproject(adapter, without_machines))
     if changed:
         # mutmut maps only new tests to the functions they reach; a changed check, adapter
         # or source can reach other functions, so the whole map is collected again
@@ -154,7 +162,6 @@ def stage(directory: Path, adapter: str) -> Path:
     commit, dirty = git_commit()
     label = commit[:12] + (" (with uncommitted changes)" if dirty else "")
     _write_if_changed(directory / STAGED_AT, label + "\n")
-    _write_if_changed(directory / "pyproject.toml", pyproject(adapter))
     _write_if_changed(directory / "conftest.py", CONFTEST)
     _refresh_mutants_copy(directory, present)
     return directory
@@ -165,9 +172,11 @@ def staged_at(directory: Path) -> str:
     return path.read_text().strip() if path.exists() else "unknown"
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+def _write_if_changed(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
 
 
 def _refresh_mutants_copy(directory: Path, present: set[Path]) -> None:

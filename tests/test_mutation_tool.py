@@ -147,6 +147,19 @@ def test_a_changed_tree_makes_mutmut_map_its_tests_again(tmp_path: Path) -> None
     assert copy.stat().st_mtime > mutants.stat().st_mtime, "mutmut must see it as newer"
 
 
+def test_a_lane_without_machines_maps_its_checks_anew(tmp_path: Path) -> None:
+    """Issue 16: the deterministic checks alone judge a sample; switching the selection on an
+    existing stage must drop the map of which checks reach which function."""
+    staged = stage.stage(tmp_path / "reference", "reference")
+    assert "--ignore-glob" not in (staged / "pyproject.toml").read_text()
+    stats = staged / "mutants" / stage.STATS
+    stats.parent.mkdir(parents=True)
+    stats.write_text("{}")
+    stage.stage(tmp_path / "reference", "reference", without_machines=True)
+    assert f'"--ignore-glob={stage.MACHINES}"' in (staged / "pyproject.toml").read_text()
+    assert not stats.exists(), "another selection of checks drops the map"
+
+
 def test_the_summary_and_the_page_show_requirement_coverage(tmp_path: Path) -> None:
     built = _build("killed", {})
     summary = report.summary(built)
