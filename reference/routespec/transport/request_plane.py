@@ -59,9 +59,8 @@ class WorkerConnection:
 
     async def send(self, message: bytes, ack_timeout: float = DEFAULT_ACK_TIMEOUT) -> str:
         """Queue one request and return its ACK text; ``ConnectionTimeout`` once neither it
-        nor any other request on the connection is ACKed for ``ack_timeout`` (TMO-002)."""
-        if not self.open:
-            raise RoutingError(ErrorKind.DISCONNECTED, f"TCP connection to {self.address} lost")
+        nor any other request on the connection is ACKed for ``ack_timeout`` (TMO-002).
+        The caller hands over a connection it has just seen open (``RequestPlane.send``)."""
         waiter = AckWaiter(message)
         self._queued.append(waiter)
         queued_at = trio.current_time()

@@ -104,7 +104,7 @@ def default_max_connections() -> int:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
         return DEFAULT_MAX_CONNECTIONS
-    if soft == resource.RLIM_INFINITY or soft <= 0:
+    if soft == resource.RLIM_INFINITY:
         return DEFAULT_MAX_CONNECTIONS
     return max(1, min(DEFAULT_MAX_CONNECTIONS, soft // FD_SHARE))
 
