@@ -1273,7 +1273,7 @@ def test_a_skipped_record_is_reported_again_only_when_its_fault_changes(
     )
 
 
-SAME_FIELD_FAULTS = {  # a field, then two faults of it that differ
+SAME_FIELD_FAULTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {  # two faults each
     "transport.tcp": (
         {"transport": {"tcp": f"127.0.0.1/bad/{ENDPOINT}"}},  # no port
         {"transport": {"tcp": f"127.0.0.1:70000/bad/{ENDPOINT}"}},  # a port past 65535

@@ -1,8 +1,8 @@
 """A TCP connection that reads whole wire units, checking each length before reading it.
 
 A worker's connections also share a ``ByteBudget`` (TRN-026), so that the bytes buffered by
-all of them together stay bounded, and may have an idle timeout (TRN-025): a connection on
-which no byte arrives for that long ends with ``ConnectionIdle``.
+all of them together stay bounded, and are read under an idle timeout (TRN-025): a connection
+on which no byte arrives for that long ends with ``ConnectionIdle``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import math
 import os
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -122,16 +123,15 @@ class FramedConnection:
 
     With a ``budget``, the bytes this connection buffers — the unit being received and the
     unit it returned last, until the next read — count against it; a unit that would take
-    the total past the limit is read and dropped, and the read raises ``OverBudget``. With an
-    ``idle_timeout``, a read on which no byte arrives for that many seconds raises
-    ``ConnectionIdle``."""
+    the total past the limit is read and dropped, and the read raises ``OverBudget``. Reads
+    inside ``ending_when_idle(timeout)`` end the block with ``ConnectionIdle`` once no byte
+    has arrived for ``timeout`` seconds."""
 
     def __init__(
         self,
         stream: trio.abc.Stream,
         *,
         budget: ByteBudget | None = None,
-        idle_timeout: float | None = None,
     ) -> None:
         self.stream = stream
         self._buffer = bytearray()
@@ -139,8 +139,8 @@ class FramedConnection:
         self._held = b""  # sent ahead of the next send (``hold``)
         self._budget = budget
         self._charged = 0  # bytes of this connection counted in the budget
-        self._idle_timeout = idle_timeout
-        self._idle_scope: trio.CancelScope | None = None
+        self._idle_scope: trio.CancelScope | None = None  # ``ending_when_idle``'s
+        self._idle_timeout = math.inf
         self._wait_first = False  # ``expect_a_wait``
         self.closed = trio.Event()
         self.on_close: Callable[[FramedConnection], None] | None = None  # called once
@@ -299,9 +299,7 @@ class FramedConnection:
             data = os.read(sock.fileno(), RECEIVE_CHUNK)
         except BlockingIOError:
             return await self._wait_for(functools.partial(_receive_from_socket, sock))
-        if self._idle_scope is not None and self._idle_timeout is not None:
-            # bytes that came while nobody read restart the idle timeout too (TRN-025)
-            self._idle_scope.deadline = trio.current_time() + self._idle_timeout
+        self._restart_idle()  # bytes that came while nobody read count too (TRN-025)
         await _sometimes_yield()
         return data
 
@@ -313,32 +311,27 @@ class FramedConnection:
     async def _wait_for(
         self, receive: Callable[[], Awaitable[bytes | bytearray]]
     ) -> bytes | bytearray:
-        """``receive()``, within the idle timeout if there is one (TRN-025)."""
-        if self._idle_timeout is None:
-            return await receive()
-        if self._idle_scope is not None:  # ``ending_when_idle``: one scope for every read
-            self._idle_scope.deadline = trio.current_time() + self._idle_timeout
-            return await receive()
-        with trio.move_on_after(self._idle_timeout):
-            return await receive()
-        raise self._idle()
+        """``receive()``; a wait starts the idle timeout again (TRN-025)."""
+        self._restart_idle()
+        return await receive()
 
-    def _idle(self) -> ConnectionIdle:
-        return ConnectionIdle(f"no byte arrived for {self._idle_timeout:g} s")
+    def _restart_idle(self) -> None:
+        if self._idle_scope is not None:
+            self._idle_scope.deadline = trio.current_time() + self._idle_timeout
 
     @contextlib.contextmanager
-    def ending_when_idle(self) -> Iterator[None]:
+    def ending_when_idle(self, timeout: float) -> Iterator[None]:
         """Reads inside the block share one cancel scope for the idle timeout (cheaper than
         a scope per read); when it expires, the block ends with ``ConnectionIdle``. Each
         read moves its deadline, which then holds until the next read."""
         with trio.CancelScope() as scope:
-            self._idle_scope = scope
+            self._idle_scope, self._idle_timeout = scope, timeout
             try:
                 yield
             finally:
                 self._idle_scope = None
         if scope.cancelled_caught:
-            raise self._idle()
+            raise ConnectionIdle(f"no byte arrived for {timeout:g} s")
 
     async def _fill(
         self, count: int, field: str, *, at_boundary: bool = False, budgeted: bool = False

@@ -218,9 +218,7 @@ class WorkerServer:
             await trio.aclose_forcefully(stream)
             return
         self.connections += 1
-        connection = FramedConnection(
-            stream, budget=self.budget, idle_timeout=self.limits.idle_timeout
-        )
+        connection = FramedConnection(stream, budget=self.budget)
         peer = connection.peer
         try:
             await self._serve_requests(connection)
@@ -235,7 +233,7 @@ class WorkerServer:
 
     async def _serve_requests(self, connection: FramedConnection) -> None:
         try:
-            with connection.ending_when_idle():
+            with connection.ending_when_idle(self.limits.idle_timeout):
                 await self._read_requests(connection)
         except WireProtocolError as error:  # TRN-057: the peer is told nothing, the log is
             LOG.warning("worker: connection from %s closed: %s", connection.peer, error)
