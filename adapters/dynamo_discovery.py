@@ -65,6 +65,7 @@ from routespec.testing.unsupported import Unsupported
 EXPECTATIONS = Path(__file__).resolve().with_name("dynamo_discovery_expectations.toml")
 CAPABILITIES = frozenset({Capability.DISCOVERY_STORE})
 
+NAME_MAX = 255  # bytes in one file name (Linux)
 TTL = 10.0
 """The file store's liveness period: ``DEFAULT_TTL`` (10 s) in lib/runtime/src/storage/kv/
 file.rs; 1.6.1 has no setting for it (no ``DYN_*`` variable names one)."""
@@ -306,7 +307,14 @@ class DynamoDiscovery:
         self._workers[instance_id] = child
         self._endpoints[instance_id] = endpoint
         deadline = time.monotonic() + START_TIMEOUT
-        while not self._path(instance_id).exists():  # serve_endpoint registers after a while
+        path = self._path(instance_id)
+        if len(path.name.encode()) > NAME_MAX:  # no file system here could hold the record
+            time.sleep(1.0)  # what the worker says of it, by then
+            raise RuntimeError(
+                f"{instance_id:x} started, but its record's file name is {len(path.name)} "
+                f"bytes, past this file system's {NAME_MAX}: {child.tail()}"
+            )
+        while not path.exists():  # serve_endpoint registers after a while
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{instance_id:x} never stored its record: {child.tail()}")
             time.sleep(0.01)

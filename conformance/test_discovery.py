@@ -1273,33 +1273,76 @@ def test_a_skipped_record_is_reported_again_only_when_its_fault_changes(
     )
 
 
-SAME_FIELD_FAULTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {  # two faults each
-    "transport.tcp": (
-        {"transport": {"tcp": f"127.0.0.1/bad/{ENDPOINT}"}},  # no port
-        {"transport": {"tcp": f"127.0.0.1:70000/bad/{ENDPOINT}"}},  # a port past 65535
+TCP = f"127.0.0.1:1/bad/{ENDPOINT}"
+SAME_FIELD_FAULTS: dict[str, tuple[str, bytes, bytes]] = {  # id: field, then two faults of it
+    "id-negative-then-a-string": (
+        "instance_id",
+        _record(instance_id=-0xBAD),
+        _record(instance_id="2989"),
     ),
-    "instance_id": ({"instance_id": -0xBAD}, {"instance_id": "2989"}),
+    "empty-name-then-a-slash": ("namespace", _record(namespace=""), _record(namespace="a/b")),
+    "name-a-number-then-a-bell": ("component", _record(component=5), _record(component="b\a")),
+    "tcp-a-number-then-a-bell": (
+        "transport.tcp",
+        _record(transport={"tcp": 5}),
+        _record(transport={"tcp": "a\a:1/x"}),
+    ),
+    "tcp-without-a-port-then-a-port-past-65535": (
+        "transport.tcp",
+        _record(transport={"tcp": TCP.replace(":1/", "/")}),
+        _record(transport={"tcp": TCP.replace(":1/", ":70000/")}),
+    ),
+    "tcp-without-a-port-then-a-named-port": (
+        "transport.tcp",
+        _record(transport={"tcp": TCP.replace(":1/", "/")}),
+        _record(transport={"tcp": TCP.replace(":1/", ":http/")}),
+    ),
+    "device-a-number-then-a-space": (
+        "device_type",
+        _record(device_type=5),
+        _record(device_type="bad device"),
+    ),
+    "codec-unknown-then-null": (
+        "request_plane_codec",
+        _record(request_plane_codec="cbor"),
+        _record(request_plane_codec=None),
+    ),
+    "transport-a-list-then-a-string": (
+        "transport",
+        _record(transport=[]),
+        _record(transport="tcp"),
+    ),
+    "transport-empty-then-another-kind": (
+        "transport",
+        _record(transport={}),
+        _record(transport={"nats_tcp": "x"}),
+    ),
+    "type-another-then-null": ("type", _record(type="Model"), _record(type=None)),
+    "record-an-array-then-a-number": ("record", b"[1]", b"5"),
+    "record-cut-json-then-not-utf-8": ("record", b"{", b"\xff\xfe"),
 }
 
 
 @covers("DSC-014")
 @requires(STORE)
-@pytest.mark.parametrize("field", list(SAME_FIELD_FAULTS))
-def test_another_fault_of_the_same_field_is_reported_again(target: Target, field: str) -> None:
-    """The record's fault changes but stays in one field: that is a new fault, so the watcher
-    reports the record again, naming the same field."""
+@pytest.mark.parametrize("faults", list(SAME_FIELD_FAULTS))
+def test_another_fault_of_the_same_field_is_reported_again(target: Target, faults: str) -> None:
+    """The record's fault changes but stays in one field (a value of the wrong type, then
+    one its field does not allow; or two different faults of one string): that is a new
+    fault, so the watcher reports the record again, naming the same field."""
+    field, first, second = SAME_FIELD_FAULTS[faults]
     store = target.open_discovery()
     delay = store.timing().propagation
     watcher = store.watch(ENDPOINT)
-    for changes in SAME_FIELD_FAULTS[field]:
-        store.put_raw(ENDPOINT, 0xBAD, _record(**changes))
+    for value in (first, second):
+        store.put_raw(ENDPOINT, 0xBAD, value)
         store.advance(2 * delay)
     require_equal(
         "DSC-014",
         store.skipped(watcher),
         ((BAD_KEY, field),) * 2,
         f"a record under {BAD_KEY} skipped for {field}, then stored with another fault of "
-        f"{field}: the watcher reported {store.skipped(watcher)}",
+        f"{field} ({faults.replace('-', ' ')}): the watcher reported {store.skipped(watcher)}",
     )
 
 
@@ -1339,6 +1382,9 @@ UNREGISTRABLE = [
     pytest.param(ENDPOINT, "cuda", "not a host!", "--host", id="host-not-a-name"),
     pytest.param(ENDPOINT, "cuda", "", "--host", id="empty-host"),
     pytest.param("dsc/backend/gen\x07", "cuda", "127.0.0.1", "--endpoint", id="unprintable"),
+    # a record past 64 KiB (DSC-013), made so by the endpoint or by the host
+    pytest.param("dsc/backend/" + "g" * 70_000, "cuda", "127.0.0.1", "--endpoint", id="long-name"),
+    pytest.param(ENDPOINT, "cuda", ".".join(["h" * 60] * 1_200), "--host", id="long-host"),
 ]
 
 

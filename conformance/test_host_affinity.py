@@ -493,6 +493,38 @@ def test_a_planned_route_follows_the_binding(target: Target) -> None:
 
 
 @covers("AFF-005")
+@requires(Capability.ROUTING_HOST, Capability.MOCK_CLOCK)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_plan_whose_binding_lapsed_binds_the_rank_it_was_planned_for(
+    target: Target, rank: int
+) -> None:
+    """A planned route previewed while its session was bound to a worker and rank: the binding
+    lapses before the plan, so the plan's dispatch is the session's first again, and it binds
+    the worker and the rank the route was planned for."""
+    pool = workers(target, 2, Serve())
+    host = host_of(target, "AFF-005", hard("kv"))
+    for worker in pool:
+        host.configure_worker(worker, dp_size=2)
+    host.bind_session("s", pool[1], dp_rank=rank)
+    preview = planned(host.preview(HostRoute(session="s")), "AFF-005")
+    target.advance_time(TTL + 1)  # the binding lapses between the preview and the plan
+    plan = planned(host.plan(preview.plan_id), "AFF-005")
+    went = served(target, host.dispatch_plan(plan.plan_id), "AFF-005", "the planned route")
+    view = host.session("s")
+    require(
+        "AFF-005",
+        went == [pool[1]]
+        and view.state == "bound"
+        and view.worker_id == pool[1]
+        # no rank and rank 0 are the same target (a worker's first rank)
+        and (view.dp_rank or 0) == rank,
+        f"a route planned for worker {pool[1]} rank {rank}, whose binding lapsed before the "
+        f"plan, went to {went} and left the session {view}; it should bind {pool[1]} rank "
+        f"{rank}",
+    )
+
+
+@covers("AFF-005")
 @requires(Capability.ROUTING_HOST)
 @pytest.mark.parametrize("mode", ["hard", "soft"])
 def test_the_first_dispatch_binds_the_rank_it_was_pinned_to(target: Target, mode: str) -> None:

@@ -396,6 +396,30 @@ def test_a_temperature_samples_by_the_softmax_of_normalised_costs(target: Target
     )
 
 
+@covers("KVS-004")
+@requires(HOST)
+@pytest.mark.parametrize("temperature", [0.001, 0.01])
+def test_a_small_temperature_chooses_the_cheapest_worker(
+    target: Target, temperature: float
+) -> None:
+    """Near 0 the softmax is all but a minimum: e^(-1/T) underflows to nothing beside e^0,
+    and the sampling must still choose (weights that overflow or all vanish are a fault)."""
+    warm, cold = workers(target, 2, Serve())
+    host = host_of(
+        target, "KVS-004", HostConfig(policy="kv", block_size=BLOCK, temperature=temperature)
+    )
+    query = list(range(1, 65))
+    pin(target, host, warm, query)
+    outcome, went = ended(target, host.route(route(query)), "KVS-004")
+    require(
+        "KVS-004",
+        outcome.error is None and went == [warm],
+        f"at temperature {temperature} worker {warm} (all {len(query) // BLOCK} blocks of the "
+        f"prompt cached, cost 0) should be chosen over {cold} (none cached, normalised cost 1); "
+        f"the request reached {went} and ended {outcome}",
+    )
+
+
 # --- KVS-005 to KVS-009: previews, plans and probes ---
 
 

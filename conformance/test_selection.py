@@ -526,6 +526,35 @@ def test_device_aware_follows_a_rewritten_device_type(target: Target) -> None:
     release_all(target, [loaded])
 
 
+@covers("SEL-010")
+@requires(
+    Capability.DEVICE_AWARE_WEIGHTED,
+    Capability.DEVICE_TYPES,
+    Capability.PRESELECTED,
+    Capability.SCRIPT_STALL,
+)
+def test_device_aware_follows_a_device_type_rewritten_from_cpu(target: Target) -> None:
+    """The other way: a worker whose record said ``cpu`` and now says ``cuda`` leaves the
+    CPU group and is weighed with the non-CPU workers from then on."""
+    cpu, moved = target.add_worker(device="cpu"), target.add_worker(device="cpu")
+    loaded = target.add_worker()
+    book(target, loaded, 4)
+    for worker in (cpu, moved):
+        target.script_worker(worker, Serve())
+    before = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
+    target.set_device(moved, "cuda")
+    after = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
+    require(
+        "SEL-010",
+        (before, after) == (cpu, moved),
+        f"CPU workers {cpu} and {moved} idle, non-CPU {loaded} with 4 open requests: "
+        f"0 < 4 x 2 // (8 x 1) = 1, so the CPU group's lowest id {cpu} should be picked; once "
+        f"{moved}'s record says cuda, 0 < 4 x 1 // (8 x 2) = 0 fails, so the least-loaded "
+        f"non-CPU worker {moved} should be; the picks were {before} then {after}",
+    )
+    release_all(target, [loaded])
+
+
 # A migrating device-aware request whose first attempt fails on a non-CPU worker: its
 # replacement is selected among the workers it has not tried.
 UNTRIED_DEVICE_AWARE = (

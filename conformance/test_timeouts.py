@@ -380,8 +380,9 @@ def test_an_item_taken_from_the_buffer_starts_the_inactivity_deadline(target: Ta
 )
 def test_a_stream_past_its_final_frame_does_not_time_out(open_target: OpenTarget) -> None:
     """``complete_final`` came, and the sentinel after it comes later than a short
-    inactivity deadline: the answer was complete, so the stream completes; a timeout here
-    would make migration repeat a finished request."""
+    inactivity deadline: the answer was complete, so the stream completes, by that deadline
+    rather than at the late sentinel; a timeout here would make migration repeat a finished
+    request."""
     inactivity = 0.0625
     with built(open_target, TargetConfig(timeouts=Timeouts(inactivity=inactivity)), "TMO-005") as (
         target
@@ -389,15 +390,17 @@ def test_a_stream_past_its_final_frame_does_not_time_out(open_target: OpenTarget
         worker = target.add_worker()
         target.script_worker(worker, Misbehave(2, WireFault.LATE_SENTINEL))
         request = target.submit(Direct(worker))
-        target.advance_time(0.1)  # the sentinel comes 0.1 s after complete_final
-        outcome = finished(target, request, "TMO-005")
+        target.advance_time(0.08)  # past the inactivity deadline; the sentinel comes at 0.1 s
+        outcome = target.outcome(request)
         require(
             "TMO-005",
-            outcome.error is None and indices(outcome) == [0, 1],
+            outcome is not None and outcome.error is None and indices(outcome) == [0, 1],
             f"worker {worker} sent two items and complete_final, its sentinel 0.1 s later, "
-            f"past the {inactivity} s inactivity deadline: the stream should complete with the "
-            f"two items; got {outcome}",
+            f"past the {inactivity} s inactivity deadline: 0.08 s in, the stream should have "
+            f"completed with the two items; got {outcome or 'a stream still open'}",
         )
+        target.advance_time(0.02)  # the late sentinel comes and changes nothing
+        require_equal("TMO-005", target.outcome(request), outcome, "after the late sentinel")
 
 
 # --- TMO-006, TMO-007: the timed-out attempt migrates ---

@@ -2321,6 +2321,49 @@ def test_a_worker_dials_back_only_to_the_request_peer(target: Target) -> None:
     serves_again(target, worker, "TRN-027")
 
 
+def _listener_below_10000() -> socket.socket:
+    """A listener on the peer's address at a port of at most four digits, so that the port
+    written with a leading zero is still five digits long."""
+    for port in range(9000, 10000):
+        listener = socket.socket()
+        try:
+            listener.bind((PEER, port))
+        except OSError:
+            listener.close()
+            continue
+        listener.listen(8)
+        return listener
+    pytest.skip(f"setup: no free port from 9000 to 9999 on {PEER}")
+
+
+@covers("TRN-027")
+@requires(Capability.WORKER_LIMITS, Capability.RESPONSE_REUSE)
+def test_a_port_written_with_a_leading_zero_is_dialled_for_every_request(
+    target: Target,
+) -> None:
+    """``127.0.0.1:09123`` names port 9123: each of two requests on one connection that gives
+    it as the response address is dialled back there, the second as well as the first (a
+    worker that remembers the addresses it has checked must still dial the one written)."""
+    worker = target.add_worker()
+    target.script_worker(worker, Serve(1))
+    with _listener_below_10000() as listener:
+        address = f"{PEER}:0{listener.getsockname()[1]}"
+        connection = target.connect(worker)
+        for subject in ("first", "second"):
+            control = json.dumps(usable_control(address, subject)).encode()
+            seen = target.write(connection, request_message(target.worker_path(worker), control))
+            _, prologue = dialled_back(listener, subject)
+            require(
+                "TRN-027",
+                isinstance(prologue, dict) and prologue.get("error") is None,
+                f"request {subject!r} on one connection to worker {worker} named {address} (a "
+                f"port written with a leading zero) for its response stream: it should be "
+                f"dialled there and served; ACKs {list(seen.acks)}, closed {seen.closed}, "
+                f"prologue {prologue!r}",
+            )
+    serves_again(target, worker, "TRN-027")
+
+
 @covers("TRN-006")
 @requires(
     Capability.DIRECT,

@@ -249,7 +249,11 @@ def check_registrable(instance: Instance) -> None:
     try:
         record_under_key(encode_record(instance), instance.endpoint, f"{instance.instance_id:x}")
     except MalformedRecord as error:
-        option = RECORD_OPTIONS.get(error.field, error.field)
+        if error.field == "record":  # too large: the longer of the two values named freely
+            host = instance.address.partition("/")[0].rpartition(":")[0]
+            option = "--host" if len(host) > len(instance.endpoint) else "--endpoint"
+        else:
+            option = RECORD_OPTIONS[error.field]
         raise DiscoveryError(option, f"watchers could not use this record: {error}") from None
 
 
