@@ -1320,6 +1320,37 @@ SAME_FIELD_FAULTS: dict[str, tuple[str, bytes, bytes]] = {  # id: field, then tw
     "type-another-then-null": ("type", _record(type="Model"), _record(type=None)),
     "record-an-array-then-a-number": ("record", b"[1]", b"5"),
     "record-cut-json-then-not-utf-8": ("record", b"{", b"\xff\xfe"),
+    # the same fault, another value at fault
+    "tcp-without-a-path-twice": (
+        "transport.tcp",
+        _record(transport={"tcp": "127.0.0.1:1"}),
+        _record(transport={"tcp": "127.0.0.2:1"}),
+    ),
+    "tcp-port-past-65535-twice": (
+        "transport.tcp",
+        _record(transport={"tcp": TCP.replace(":1/", ":70000/")}),
+        _record(transport={"tcp": TCP.replace(":1/", ":80000/")}),
+    ),
+    "tcp-host-not-a-name-twice": (
+        "transport.tcp",
+        _record(transport={"tcp": TCP.replace("127.0.0.1", "bad host!")}),
+        _record(transport={"tcp": TCP.replace("127.0.0.1", "worse host!")}),
+    ),
+    "transport-without-tcp-twice": (
+        "transport",
+        _record(transport={"nats_tcp": "x"}),
+        _record(transport={"http": "y"}),
+    ),
+    "name-not-the-keys-twice": (
+        "endpoint",
+        _record(endpoint="elsewhere"),
+        _record(endpoint="anywhere"),
+    ),
+    "id-not-the-keys-twice": (
+        "instance_id",
+        _record(instance_id=0xBEE),
+        _record(instance_id=0xBEF),
+    ),
 }
 
 
@@ -1328,8 +1359,9 @@ SAME_FIELD_FAULTS: dict[str, tuple[str, bytes, bytes]] = {  # id: field, then tw
 @pytest.mark.parametrize("faults", list(SAME_FIELD_FAULTS))
 def test_another_fault_of_the_same_field_is_reported_again(target: Target, faults: str) -> None:
     """The record's fault changes but stays in one field (a value of the wrong type, then
-    one its field does not allow; or two different faults of one string): that is a new
-    fault, so the watcher reports the record again, naming the same field."""
+    one its field does not allow; two different faults of one string; or the same fault of
+    another value): that is a new fault, so the watcher reports the record again, naming the
+    same field."""
     field, first, second = SAME_FIELD_FAULTS[faults]
     store = target.open_discovery()
     delay = store.timing().propagation
