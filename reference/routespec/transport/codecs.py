@@ -30,19 +30,6 @@ class PayloadCodec(enum.Enum):
         except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as error:
             raise WireProtocolError(field, f"not valid {self.value}: {error}") from None
 
-    @classmethod
-    def named(cls, name: object) -> PayloadCodec:
-        """The codec a control message names; one without a codec field is JSON."""
-        if name is None:
-            return cls.JSON
-        try:
-            return _BY_NAME[name]
-        except (KeyError, TypeError):
-            raise WireProtocolError("payload_codec", f"unknown codec {name!r}") from None
-
-
-_BY_NAME: dict[object, PayloadCodec] = {codec.value: codec for codec in PayloadCodec}
-
 
 def decode_json(data: bytes, field: str) -> object:
     return PayloadCodec.JSON.decode(data, field)

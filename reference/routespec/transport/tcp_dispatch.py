@@ -145,7 +145,7 @@ class TcpDispatch:
         pump: trio.CancelScope | None = None
         try:
             address, _, path = instance.address.partition("/")
-            codec = PayloadCodec.named(instance.payload_codec)
+            codec = PayloadCodec(instance.payload_codec)  # one of CODECS (DSC-013)
             inputs = request.payload if isinstance(request.payload, RequestStream) else None
             response = self._stream_address(request)
             request_stream = None if inputs is None else self._stream_address(request)
