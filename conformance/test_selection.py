@@ -497,6 +497,22 @@ def test_device_aware_weighs_the_loads_of_the_free_set_as_it_changes(target: Tar
     release_all(target, [gpu_a, gpu_b])
 
 
+REWRITES = {  # the moved worker's device type, before and after, and why each pick
+    "cuda-to-cpu": (
+        "cuda",
+        "cpu",
+        "0 < 4 x 1 // (8 x 2) = 0 fails, so the least-loaded non-CPU worker, the moved one; "
+        "then 0 < 4 x 2 // (8 x 1) = 1 holds, so the CPU group's lowest id",
+    ),
+    "cpu-to-cuda": (
+        "cpu",
+        "cuda",
+        "0 < 4 x 2 // (8 x 1) = 1 holds, so the CPU group's lowest id; then "
+        "0 < 4 x 1 // (8 x 2) = 0 fails, so the least-loaded non-CPU worker, the moved one",
+    ),
+}
+
+
 @covers("SEL-010")
 @requires(
     Capability.DEVICE_AWARE_WEIGHTED,
@@ -504,53 +520,28 @@ def test_device_aware_weighs_the_loads_of_the_free_set_as_it_changes(target: Tar
     Capability.PRESELECTED,
     Capability.SCRIPT_STALL,
 )
-def test_device_aware_follows_a_rewritten_device_type(target: Target) -> None:
-    """A worker whose record now says ``cpu`` is weighed in the CPU group, and only there,
-    from then on."""
+@pytest.mark.parametrize("rewrite", list(REWRITES))
+def test_device_aware_follows_a_rewritten_device_type(target: Target, rewrite: str) -> None:
+    """A worker whose record's device type is rewritten is weighed in its new group, and only
+    there, from then on: a CPU worker and the moved one idle, a non-CPU worker with 4 open
+    requests."""
+    was, now, why = REWRITES[rewrite]
     cpu = target.add_worker(device="cpu")
-    loaded, moved = target.add_worker(), target.add_worker()
-    book(target, loaded, 4)
-    for worker in (cpu, moved):
-        target.script_worker(worker, Serve())
-    before = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
-    target.set_device(moved, "cpu")
-    after = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
-    require(
-        "SEL-010",
-        (before, after) == (moved, cpu),
-        f"CPU worker {cpu} idle, non-CPU {loaded} with 4 open requests and {moved} idle: "
-        f"4 // (8 x 2) = 0 is not above the CPU load 0, so the least-loaded non-CPU worker "
-        f"{moved} should be picked; once {moved}'s record says cpu, 4 x 2 // (8 x 1) = 1 is, "
-        f"so the CPU group's lowest id {cpu} should be; the picks were {before} then {after}",
-    )
-    release_all(target, [loaded])
-
-
-@covers("SEL-010")
-@requires(
-    Capability.DEVICE_AWARE_WEIGHTED,
-    Capability.DEVICE_TYPES,
-    Capability.PRESELECTED,
-    Capability.SCRIPT_STALL,
-)
-def test_device_aware_follows_a_device_type_rewritten_from_cpu(target: Target) -> None:
-    """The other way: a worker whose record said ``cpu`` and now says ``cuda`` leaves the
-    CPU group and is weighed with the non-CPU workers from then on."""
-    cpu, moved = target.add_worker(device="cpu"), target.add_worker(device="cpu")
+    moved = target.add_worker(device=was)
     loaded = target.add_worker()
     book(target, loaded, 4)
     for worker in (cpu, moved):
         target.script_worker(worker, Serve())
     before = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
-    target.set_device(moved, "cuda")
+    target.set_device(moved, now)
     after = only_worker(target, target.submit(Generate("device-aware-weighted")), "SEL-010")
+    expected = (moved, cpu) if now == "cpu" else (cpu, moved)
     require(
         "SEL-010",
-        (before, after) == (cpu, moved),
-        f"CPU workers {cpu} and {moved} idle, non-CPU {loaded} with 4 open requests: "
-        f"0 < 4 x 2 // (8 x 1) = 1, so the CPU group's lowest id {cpu} should be picked; once "
-        f"{moved}'s record says cuda, 0 < 4 x 1 // (8 x 2) = 0 fails, so the least-loaded "
-        f"non-CPU worker {moved} should be; the picks were {before} then {after}",
+        (before, after) == expected,
+        f"CPU worker {cpu} idle, {was} worker {moved} idle, non-CPU {loaded} with 4 open "
+        f"requests, then {moved}'s record says {now}: {why}; the picks should be {expected}, "
+        f"they were {(before, after)}",
     )
     release_all(target, [loaded])
 
