@@ -308,11 +308,11 @@ class DynamoDiscovery:
         self._endpoints[instance_id] = endpoint
         deadline = time.monotonic() + START_TIMEOUT
         path = self._path(instance_id)
-        if len(path.name.encode()) > NAME_MAX:  # no file system here could hold the record
-            time.sleep(1.0)  # what the worker says of it, by then
+        name_bytes = len(path.name.encode())
+        if name_bytes > NAME_MAX:  # no file system here could hold the record: none to wait for
             raise RuntimeError(
-                f"{instance_id:x} started, but its record's file name is {len(path.name)} "
-                f"bytes, past this file system's {NAME_MAX}: {child.tail()}"
+                f"{instance_id:x} started, but its record's file name is {name_bytes} bytes, "
+                f"past this file system's {NAME_MAX}: {child.tail()}"
             )
         while not path.exists():  # serve_endpoint registers after a while
             if time.monotonic() > deadline:
